@@ -1,0 +1,153 @@
+"""The tables, as SQLAlchemy Core definitions: the single source of truth that
+alembic migrations are checked against. Statements live in `app.store`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+TERMINAL_STATUSES = ("completed", "failed", "cancelled", "timed_out")
+STATUSES = ("admitted", "running", "suspended", "parked", *TERMINAL_STATUSES)
+
+NOW = text("now()")
+
+executions = Table(
+    "executions",
+    metadata,
+    Column("execution_id", Text, primary_key=True),
+    Column("workflow_id", Text, nullable=False),
+    # The event is stored once; every delivery reads it from here.
+    Column("params", JSONB, nullable=False),
+    Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("code_version", Text, nullable=True),
+    Column("status", Text, nullable=False, server_default=text("'admitted'")),
+    Column("outcome", JSONB, nullable=True),
+    Column("admitted_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Earliest pending wake not covered by the live claim (NULL: nothing pending).
+    Column("due_at", DateTime(timezone=True), nullable=True),
+    # Earliest wake covered by the live claim; cleared by acknowledge, merged
+    # back into due_at when the lease ends without one.
+    Column("covered_due_at", DateTime(timezone=True), nullable=True),
+    # Fencing token: incremented by every claim, carried by every fenced write.
+    Column("token", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_owner", Text, nullable=True),
+    # Database time. Non-NULL exactly while status = 'running'.
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("unacknowledged_deliveries", Integer, nullable=False, server_default=text("0")),
+    # When the last unacknowledged delivery ended, and when the execution is
+    # claimable again after its redelivery delay.
+    Column("last_unacknowledged_at", DateTime(timezone=True), nullable=True),
+    Column("redeliver_after", DateTime(timezone=True), nullable=True),
+    Column("ever_suspended", Boolean, nullable=False, server_default=text("false")),
+    Column("parked_reason", Text, nullable=True),
+    Column("parked_step", Text, nullable=True),
+    Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
+    Column("deadline", DateTime(timezone=True), nullable=True),
+    CheckConstraint(
+        "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status_known"
+    ),
+    # A live lease and the running status come and go together.
+    CheckConstraint(
+        "(status = 'running') = (lease_expires_at IS NOT NULL)", name="lease_iff_running"
+    ),
+    # Terminal records carry their outcome.
+    CheckConstraint(
+        "(status IN ('completed', 'failed', 'cancelled', 'timed_out')) = (outcome IS NOT NULL)",
+        name="outcome_iff_terminal",
+    ),
+)
+
+# claim_due reads only these two partial indexes, so terminal and parked rows,
+# however many, are never scanned.
+Index(
+    "ix_executions_due",
+    executions.c.due_at,
+    postgresql_where=text("status IN ('admitted', 'suspended')"),
+)
+Index(
+    "ix_executions_lease_expiry",
+    executions.c.lease_expires_at,
+    postgresql_where=text("status = 'running'"),
+)
+# Operator listing: newest first per status, and the counter filter.
+Index("ix_executions_status_admitted", executions.c.status, executions.c.admitted_at)
+Index("ix_executions_workflow_admitted", executions.c.workflow_id, executions.c.admitted_at)
+Index(
+    "ix_executions_unacknowledged",
+    executions.c.unacknowledged_deliveries,
+    postgresql_where=text("unacknowledged_deliveries > 0"),
+)
+
+steps = Table(
+    "execution_steps",
+    metadata,
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("step_key", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("value", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("function_name", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("1")),
+    # The token of the holder whose write was accepted.
+    Column("token", BigInteger, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("execution_id", "step_key"),
+    CheckConstraint("status IN ('completed', 'failed')", name="status_known"),
+)
+
+events = Table(
+    "execution_events",
+    metadata,
+    Column("event_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("execution_id", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("kind", Text, nullable=False),
+    Column("token", BigInteger, nullable=True),
+    Column("detail", JSONB, nullable=True),
+)
+Index("ix_execution_events_execution", events.c.execution_id, events.c.event_id)
+
+late_observations = Table(
+    "late_observations",
+    metadata,
+    Column("observation_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("execution_id", Text, nullable=False),
+    Column("step_key", Text, nullable=True),
+    Column("token", BigInteger, nullable=False),
+    Column("owner", Text, nullable=True),
+    Column("value", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("observed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+Index("ix_late_observations_execution", late_observations.c.execution_id)

@@ -1,0 +1,51 @@
+"""Every setting fencepost reads, from the environment, in one place.
+
+Operators and scripts rely on these names: `DATABASE_URL` and the
+`FENCEPOST_*` variables. Durations are seconds and accept fractions, so tests
+can run with leases of a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FENCEPOST_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "FENCEPOST_DATABASE_URL"),
+        description="Postgres URL (postgresql://user:pass@host:port/db). Unset: `dev` starts an embedded Postgres.",
+    )
+    lease_seconds: float = Field(30.0, gt=0, description="How long a claim holds an execution without renewal.")
+    renew_seconds: float = Field(10.0, gt=0, description="How often a worker renews the leases it holds.")
+    redelivery_base_seconds: float = Field(
+        1.0, gt=0, description="Redelivery delay after the first unacknowledged delivery."
+    )
+    redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay.")
+    max_payload_bytes: int = Field(262144, gt=0, description="Largest accepted request body.")
+    max_unacknowledged_deliveries: int = Field(
+        25, gt=0, description="Unacknowledged deliveries after which an execution is parked as poison."
+    )
+    workflows: str = Field("", description="Comma-separated Python modules that register workflows.")
+    max_json_depth: int = Field(64, gt=0, description="Deepest nesting accepted in params and context.")
+    pool_min_size: int = Field(1, ge=0, description="Connections each process keeps open.")
+    pool_max_size: int = Field(10, gt=0, description="Most connections each process opens.")
+    statement_timeout_seconds: float = Field(
+        10.0, gt=0, description="Longest a single statement may run before Postgres cancels it."
+    )
+    connect_timeout_seconds: float = Field(5.0, gt=0, description="Longest a connection attempt may take.")
+
+    @field_validator("redelivery_cap_seconds")
+    @classmethod
+    def _cap_not_below_base(cls, v: float, info) -> float:
+        base = info.data.get("redelivery_base_seconds")
+        if base is not None and v < base:
+            raise ValueError("FENCEPOST_REDELIVERY_CAP_SECONDS must be >= FENCEPOST_REDELIVERY_BASE_SECONDS")
+        return v
+
+    @property
+    def workflow_modules(self) -> list[str]:
+        return [m.strip() for m in self.workflows.split(",") if m.strip()]

@@ -1,0 +1,101 @@
+"""execution record, steps, events, late observations
+
+Revision ID: 0001
+Revises: 
+Create Date: 2026-11-29 09:24:42.357511
+"""
+
+from alembic import op
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+revision = '0001'
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table('execution_events',
+    sa.Column('event_id', sa.BigInteger(), autoincrement=True, nullable=False),
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('kind', sa.Text(), nullable=False),
+    sa.Column('token', sa.BigInteger(), nullable=True),
+    sa.Column('detail', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.PrimaryKeyConstraint('event_id', name=op.f('pk_execution_events'))
+    )
+    op.create_index('ix_execution_events_execution', 'execution_events', ['execution_id', 'event_id'], unique=False)
+    op.create_table('executions',
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('workflow_id', sa.Text(), nullable=False),
+    sa.Column('params', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+    sa.Column('context', postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"), nullable=False),
+    sa.Column('code_version', sa.Text(), nullable=True),
+    sa.Column('status', sa.Text(), server_default=sa.text("'admitted'"), nullable=False),
+    sa.Column('outcome', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('admitted_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('due_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('covered_due_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('token', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('lease_owner', sa.Text(), nullable=True),
+    sa.Column('lease_expires_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('unacknowledged_deliveries', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('last_unacknowledged_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('redeliver_after', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('ever_suspended', sa.Boolean(), server_default=sa.text('false'), nullable=False),
+    sa.Column('parked_reason', sa.Text(), nullable=True),
+    sa.Column('parked_step', sa.Text(), nullable=True),
+    sa.Column('cancel_requested_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('deadline', sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("(status = 'running') = (lease_expires_at IS NOT NULL)", name=op.f('ck_executions_lease_iff_running')),
+    sa.CheckConstraint("(status IN ('completed', 'failed', 'cancelled', 'timed_out')) = (outcome IS NOT NULL)", name=op.f('ck_executions_outcome_iff_terminal')),
+    sa.CheckConstraint("status IN ('admitted', 'running', 'suspended', 'parked', 'completed', 'failed', 'cancelled', 'timed_out')", name=op.f('ck_executions_status_known')),
+    sa.PrimaryKeyConstraint('execution_id', name=op.f('pk_executions'))
+    )
+    op.create_index('ix_executions_due', 'executions', ['due_at'], unique=False, postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
+    op.create_index('ix_executions_lease_expiry', 'executions', ['lease_expires_at'], unique=False, postgresql_where=sa.text("status = 'running'"))
+    op.create_index('ix_executions_status_admitted', 'executions', ['status', 'admitted_at'], unique=False)
+    op.create_index('ix_executions_unacknowledged', 'executions', ['unacknowledged_deliveries'], unique=False, postgresql_where=sa.text('unacknowledged_deliveries > 0'))
+    op.create_index('ix_executions_workflow_admitted', 'executions', ['workflow_id', 'admitted_at'], unique=False)
+    op.create_table('late_observations',
+    sa.Column('observation_id', sa.BigInteger(), autoincrement=True, nullable=False),
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('step_key', sa.Text(), nullable=True),
+    sa.Column('token', sa.BigInteger(), nullable=False),
+    sa.Column('owner', sa.Text(), nullable=True),
+    sa.Column('value', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('error', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('observed_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.PrimaryKeyConstraint('observation_id', name=op.f('pk_late_observations'))
+    )
+    op.create_index('ix_late_observations_execution', 'late_observations', ['execution_id'], unique=False)
+    op.create_table('execution_steps',
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('step_key', sa.Text(), nullable=False),
+    sa.Column('status', sa.Text(), nullable=False),
+    sa.Column('value', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('error', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('function_name', sa.Text(), nullable=True),
+    sa.Column('attempts', sa.Integer(), server_default=sa.text('1'), nullable=False),
+    sa.Column('token', sa.BigInteger(), nullable=False),
+    sa.Column('recorded_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint("status IN ('completed', 'failed')", name=op.f('ck_execution_steps_status_known')),
+    sa.ForeignKeyConstraint(['execution_id'], ['executions.execution_id'], name=op.f('fk_execution_steps_execution_id'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('execution_id', 'step_key', name=op.f('pk_execution_steps'))
+    )
+
+
+def downgrade() -> None:
+    op.drop_table('execution_steps')
+    op.drop_index('ix_late_observations_execution', table_name='late_observations')
+    op.drop_table('late_observations')
+    op.drop_index('ix_executions_workflow_admitted', table_name='executions')
+    op.drop_index('ix_executions_unacknowledged', table_name='executions', postgresql_where=sa.text('unacknowledged_deliveries > 0'))
+    op.drop_index('ix_executions_status_admitted', table_name='executions')
+    op.drop_index('ix_executions_lease_expiry', table_name='executions', postgresql_where=sa.text("status = 'running'"))
+    op.drop_index('ix_executions_due', table_name='executions', postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
+    op.drop_table('executions')
+    op.drop_index('ix_execution_events_execution', table_name='execution_events')
+    op.drop_table('execution_events')
