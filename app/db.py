@@ -3,6 +3,7 @@ SQLAlchemy/alembic (which reach Postgres through the same asyncpg driver)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import asyncpg
@@ -25,9 +26,13 @@ def asyncpg_dsn(url: str) -> str:
     return url
 
 
+# NaN and Infinity are refused here rather than stored as text jsonb cannot parse.
+_encode_json = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"))
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb travels as text; decoding here keeps every caller on plain Python values.
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog")
 
 
 async def create_pool(settings: Settings, *, min_size: int | None = None, max_size: int | None = None,

@@ -14,8 +14,20 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+REDELIVERY_DELAY_FUNCTION = """
+CREATE FUNCTION fencepost_redelivery_delay(n integer, base_seconds double precision,
+                                           cap_seconds double precision)
+RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT make_interval(secs => least(base_seconds * power(2, least(greatest(n, 1) - 1, 62)),
+                                       cap_seconds))
+$$
+"""
+
 
 def upgrade() -> None:
+    # Redelivery delay after the n-th consecutive unacknowledged delivery:
+    # base * 2^(n-1), capped; never decreasing while n grows.
+    op.execute(REDELIVERY_DELAY_FUNCTION)
     op.create_table('execution_events',
     sa.Column('event_id', sa.BigInteger(), autoincrement=True, nullable=False),
     sa.Column('execution_id', sa.Text(), nullable=False),
@@ -99,3 +111,4 @@ def downgrade() -> None:
     op.drop_table('executions')
     op.drop_index('ix_execution_events_execution', table_name='execution_events')
     op.drop_table('execution_events')
+    op.execute("DROP FUNCTION fencepost_redelivery_delay(integer, double precision, double precision)")

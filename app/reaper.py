@@ -1,0 +1,44 @@
+"""The expired-lease reaper: a small maintenance service.
+
+`run_once()` ends leases whose expiry has passed (see
+`ExecutionStore.reap_expired`); `run()` only sleeps and calls it. Claims take
+over expired leases on their own, so the reaper exists to make the record say
+so promptly (status, counter, redelivery delay) when no worker is claiming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from app.store import ExecutionStore, ReapResult
+
+log = logging.getLogger("fencepost.reaper")
+
+
+class LeaseReaper:
+    def __init__(self, store: ExecutionStore, *, interval: float = 1.0, batch: int = 500):
+        if interval <= 0 or batch <= 0:
+            raise ValueError("reaper interval and batch must be positive")
+        self.store = store
+        self.interval = interval
+        self.batch = batch
+
+    async def run_once(self) -> ReapResult:
+        """Reap until a batch comes back short; returns the total."""
+        ids: list[str] = []
+        while True:
+            result = await self.store.reap_expired(self.batch)
+            ids.extend(result.execution_ids)
+            if result.expired < self.batch:
+                return ReapResult(len(ids), ids)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            result = await self.run_once()
+            if result.expired:
+                log.info("reaped %d expired leases", result.expired)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)
+            except TimeoutError:
+                pass
