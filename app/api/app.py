@@ -1,0 +1,58 @@
+"""`create_app(settings)`: wires routers, error handlers and the lifespan-owned
+pool. No module-level engine or settings."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api.errors import install_error_handlers
+from app.api.routes import executions, health
+from app.db import create_pool
+from app.migrate import head_revision
+from app.settings import Settings
+from app.store import ExecutionStore
+
+
+class SchemaOutOfDate(RuntimeError):
+    pass
+
+
+async def check_schema(pool) -> None:
+    """API and workers refuse to start on a schema that is not at head."""
+    try:
+        revision = await pool.fetchval("SELECT version_num FROM alembic_version")
+    except Exception as exc:  # table missing: never migrated
+        raise SchemaOutOfDate(
+            "the database has no fencepost schema; run `fencepost migrate`"
+        ) from exc
+    if revision != head_revision():
+        raise SchemaOutOfDate(
+            f"the database schema is at {revision}, this build needs {head_revision()}; "
+            "run `fencepost migrate`"
+        )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        pool = await create_pool(settings, application_name="fencepost-api")
+        try:
+            await check_schema(pool)
+            app.state.settings = settings
+            app.state.store = ExecutionStore.from_settings(pool, settings)
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(
+        title="fencepost",
+        version="0.1.0",
+        summary="Durable workflows on PostgreSQL",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(executions.router)
+    return app

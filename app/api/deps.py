@@ -1,0 +1,22 @@
+"""Typed dependencies: what a route may ask the lifespan for."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.settings import Settings
+from app.store import ExecutionStore
+
+
+def _store(request: Request) -> ExecutionStore:
+    return request.app.state.store
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+StoreDep = Annotated[ExecutionStore, Depends(_store)]
+SettingsDep = Annotated[Settings, Depends(_settings)]

@@ -1,0 +1,105 @@
+"""The one error shape: `{"error": {"code": "...", "message": "..."}}`.
+
+Every error a caller can cause has a stable code and a sentence saying what
+to do. A database outage is 503 `DATABASE_UNAVAILABLE` with `Retry-After`;
+nothing a request does produces a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api.json_body import BodyError, error_body
+
+log = logging.getLogger("fencepost.api")
+
+RETRY_AFTER_SECONDS = 2
+
+
+class ApiError(Exception):
+    def __init__(self, http_status: int, code: str, message: str, **extra: Any):
+        super().__init__(message)
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def error_response(http_status: int, code: str, message: str, headers: dict | None = None,
+                   **extra: Any) -> JSONResponse:
+    return JSONResponse(error_body(code, message, **extra), status_code=http_status, headers=headers)
+
+
+def not_found(execution_id: str) -> ApiError:
+    return ApiError(
+        404,
+        "EXECUTION_NOT_FOUND",
+        f"no execution with ID {execution_id!r}; check the ID, or admit it with POST /v1/executions",
+    )
+
+
+# Errors that mean "Postgres cannot be reached or did not answer in time".
+DATABASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.QueryCanceledError,
+    asyncpg.AdminShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+_HTTP_CODES = {
+    404: ("NOT_FOUND", "no such route; see /docs for the API"),
+    405: ("METHOD_NOT_ALLOWED", "this route does not accept that method; see /docs"),
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.http_status, exc.code, exc.message, **exc.extra)
+
+    @app.exception_handler(BodyError)
+    async def _body_error(_: Request, exc: BodyError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {"loc": [str(p) for p in e.get("loc", ())], "message": e.get("msg", "")}
+            for e in exc.errors()
+        ]
+        first = problems[0] if problems else {"loc": [], "message": "invalid request"}
+        return error_response(
+            422,
+            "INVALID_REQUEST",
+            f"{'.'.join(first['loc'])}: {first['message']}; fix the request and send it again",
+            details=problems,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code, message = _HTTP_CODES.get(exc.status_code, ("HTTP_ERROR", str(exc.detail)))
+        return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+
+    for error_type in DATABASE_UNAVAILABLE_ERRORS:
+        app.add_exception_handler(error_type, _database_unavailable)
+
+
+async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
+    return error_response(
+        503,
+        "DATABASE_UNAVAILABLE",
+        f"the database is unavailable; retry after {RETRY_AFTER_SECONDS} seconds",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )

@@ -1,0 +1,116 @@
+"""Request and response bodies, in camelCase on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from app.schema import STATUSES
+
+ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
+ID_RULE = "1 to 200 characters from A-Z a-z 0-9 . _ : -"
+
+Status = Literal[STATUSES]  # type: ignore[valid-type]
+
+
+class Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class AdmitRequest(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    workflow_id: str = Field(pattern=ID_PATTERN, description=f"Registered workflow; {ID_RULE}.")
+    execution_id: str | None = Field(
+        None,
+        pattern=ID_PATTERN,
+        description=f"Caller-chosen ID ({ID_RULE}); omitted: the server picks one. Never reused.",
+    )
+    params: Any = Field(default_factory=dict, description="Any JSON value, stored once.")
+    context: dict[str, Any] = Field(default_factory=dict, description="A JSON object, stored once.")
+
+
+class Admission(Camel):
+    execution_id: str
+    status: Status
+
+
+class WakeRequest(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    at: datetime | None = Field(
+        None, description="Due time (RFC 3339 with offset); omitted: now (database clock)."
+    )
+
+
+class WakeAnswer(Camel):
+    status: Literal["requested", "ignored"]
+
+
+class LeaseView(Camel):
+    token: int
+    owner: str | None
+    expires_at: datetime
+
+
+class ExecutionSummary(Camel):
+    execution_id: str
+    workflow_id: str
+    status: Status
+    admitted_at: datetime
+    updated_at: datetime
+    due_at: datetime | None
+    lease: LeaseView | None
+    token: int
+    unacknowledged_deliveries: int
+    last_unacknowledged_at: datetime | None
+    redeliver_after: datetime | None
+
+
+class ExecutionRecord(ExecutionSummary):
+    params: Any
+    context: dict[str, Any]
+    outcome: dict[str, Any] | None = Field(
+        None, description="Terminal only: {result} when completed, {error: {name, message}} when failed."
+    )
+
+
+class ExecutionPage(Camel):
+    executions: list[ExecutionSummary]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def summary(row: dict) -> dict:
+    lease = None
+    if row["lease_expires_at"] is not None:
+        lease = {"token": row["token"], "owner": row["lease_owner"], "expiresAt": row["lease_expires_at"]}
+    return {
+        "executionId": row["execution_id"],
+        "workflowId": row["workflow_id"],
+        "status": row["status"],
+        "admittedAt": row["admitted_at"],
+        "updatedAt": row["updated_at"],
+        "dueAt": row["due_at"],
+        "lease": lease,
+        "token": row["token"],
+        "unacknowledgedDeliveries": row["unacknowledged_deliveries"],
+        "lastUnacknowledgedAt": row["last_unacknowledged_at"],
+        "redeliverAfter": row["redeliver_after"],
+    }
+
+
+def record(row: dict) -> dict:
+    return {**summary(row), "params": row["params"], "context": row["context"], "outcome": row["outcome"]}

@@ -1,0 +1,196 @@
+"""Executions: admission, reads, wakes."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import ValidationError
+
+from app.api.deps import SettingsDep, StoreDep
+from app.api.errors import ApiError, not_found
+from app.api.json_body import check_content_type, parse_json, read_body
+from app.api.models import (
+    ID_PATTERN,
+    Admission,
+    AdmitRequest,
+    ErrorBody,
+    ExecutionPage,
+    ExecutionRecord,
+    Status,
+    WakeAnswer,
+    WakeRequest,
+    record,
+    summary,
+)
+from app.store import Conflict, InvalidEvent, decode_cursor
+
+router = APIRouter(prefix="/v1/executions", tags=["executions"])
+
+ERRORS = {
+    400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
+    413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
+    415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
+    422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
+    503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
+}
+
+
+def _body_schema(model) -> dict:
+    """Bodies are read and parsed strictly by hand (duplicate keys, NaN,
+    \\u0000, depth); this documents them in the OpenAPI schema all the same."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema(by_alias=True)}},
+        }
+    }
+
+
+async def _json(request: Request, settings) -> object:
+    check_content_type(request)
+    raw = await read_body(request, settings.max_payload_bytes)
+    return parse_json(raw, max_depth=settings.max_json_depth)
+
+
+def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT") -> ApiError:
+    problems = [
+        {"loc": [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
+    ]
+    first = problems[0]
+    where = ".".join(first["loc"]) or "body"
+    return ApiError(
+        422, code, f"{where}: {first['message']}; fix it and send the request again",
+        details=problems,
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=Admission,
+    summary="Admit an execution: record it once and make it due now",
+    openapi_extra=_body_schema(AdmitRequest),
+    responses={
+        **ERRORS,
+        409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
+    },
+)
+async def admit(request: Request, response: Response, store: StoreDep, settings: SettingsDep):
+    body = await _json(request, settings)
+    if not isinstance(body, dict):
+        raise ApiError(
+            422, "INVALID_EXECUTION_EVENT",
+            "the body must be a JSON object with workflowId, params and optional executionId, context",
+        )
+    try:
+        req = AdmitRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    try:
+        result = await store.admit(
+            workflow_id=req.workflow_id,
+            params=req.params,
+            context=req.context,
+            execution_id=req.execution_id,
+        )
+    except InvalidEvent as exc:
+        raise ApiError(
+            422, "INVALID_EXECUTION_EVENT",
+            f"params or context cannot be stored exactly ({exc}); send plain JSON values",
+        ) from None
+    if isinstance(result, Conflict):
+        raise ApiError(
+            409,
+            "EXECUTION_ID_CONFLICT",
+            f"execution {result.execution_id!r} already exists (status {result.status}); "
+            "IDs are never reused: read it with GET, or admit a new execution under a new ID",
+            executionId=result.execution_id,
+            status=result.status,
+            workflowId=result.workflow_id,
+        )
+    response.headers["Location"] = f"/v1/executions/{result.execution_id}"
+    return {"executionId": result.execution_id, "status": result.status}
+
+
+@router.get(
+    "",
+    response_model=ExecutionPage,
+    summary="List executions, newest first (keyset pagination)",
+    responses={422: ERRORS[422], 503: ERRORS[503]},
+)
+async def list_executions(
+    store: StoreDep,
+    status: Annotated[Status | None, Query()] = None,
+    workflow_id: Annotated[str | None, Query(alias="workflowId", pattern=ID_PATTERN)] = None,
+    min_unacknowledged_deliveries: Annotated[
+        int | None, Query(alias="minUnacknowledgedDeliveries", ge=0, le=2**31 - 1)
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+):
+    if cursor is not None:
+        try:
+            decode_cursor(cursor)
+        except ValueError:
+            raise ApiError(
+                422, "INVALID_CURSOR",
+                "cursor is not one this server issued; pass nextCursor from the previous page",
+            ) from None
+    rows, next_cursor = await store.list(
+        status=status,
+        workflow_id=workflow_id,
+        min_unacknowledged_deliveries=min_unacknowledged_deliveries,
+        cursor=cursor,
+        limit=limit,
+    )
+    return {"executions": [summary(r) for r in rows], "nextCursor": next_cursor}
+
+
+@router.get(
+    "/{execution_id}",
+    response_model=ExecutionRecord,
+    summary="Read one execution's record",
+    responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]},
+)
+async def get_execution(execution_id: str, store: StoreDep):
+    row = await store.get(execution_id)
+    if row is None:
+        raise not_found(execution_id)
+    return record(row)
+
+
+@router.post(
+    "/{execution_id}/wakes",
+    response_model=WakeAnswer,
+    summary="Ask for a delivery at a time (default now); wakes merge to the earliest",
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {"schema": WakeRequest.model_json_schema(by_alias=True)}
+            },
+        }
+    },
+    responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
+)
+async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep):
+    at = None
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        body = await _json(request, settings)
+        try:
+            at = WakeRequest.model_validate(body if body is not None else {}).at
+        except ValidationError as exc:
+            raise _invalid(exc, "INVALID_REQUEST") from None
+        if at is not None and at.tzinfo is None:
+            raise ApiError(
+                422, "INVALID_REQUEST", "at: give a time zone offset (for example 2026-01-01T00:00:00Z)"
+            )
+    answer = await store.request_wake(execution_id, at)
+    if answer == "not_found":
+        raise not_found(execution_id)
+    return {"status": answer}
+
+
+__all__ = ["router", "json"]

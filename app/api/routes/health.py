@@ -1,0 +1,40 @@
+"""Liveness and readiness. Both stay open to every caller."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app.api.errors import DATABASE_UNAVAILABLE_ERRORS, RETRY_AFTER_SECONDS, error_response
+from app.migrate import head_revision
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The process is up")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="The database answers and its schema is at this build's head revision",
+    responses={503: {"description": "DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE"}},
+)
+async def readyz(request: Request):
+    try:
+        revision = await request.app.state.store.pool.fetchval(
+            "SELECT version_num FROM alembic_version", timeout=2
+        )
+    except DATABASE_UNAVAILABLE_ERRORS:
+        return error_response(
+            503, "DATABASE_UNAVAILABLE", "the database does not answer; retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    head = head_revision()
+    if revision != head:
+        return error_response(
+            503, "SCHEMA_OUT_OF_DATE",
+            f"the database schema is at {revision}, this build needs {head}; run `fencepost migrate`",
+        )
+    return JSONResponse({"status": "ready", "schemaRevision": revision})
