@@ -376,7 +376,7 @@ class ExecutionStore:
         if limit <= 0:
             return []
         rows = await self.pool.fetch(
-            f"""
+            """
             WITH due AS (
                 SELECT execution_id, 'due'::text AS how, NULL::text AS old_owner,
                        NULL::timestamptz AS old_expiry
