@@ -1,0 +1,47 @@
+"""ExecutionStore: every statement that touches fencepost's tables lives in
+this package, one mixin per responsibility.
+
+The API, the worker and the maintenance services call these methods and never
+build SQL of their own. Rules the statements keep (DESIGN.md, RFC 001/002):
+
+* The database clock is the only clock: every time is `now()` in SQL.
+* A transition is conditional on the state it leaves; matching no row is a
+  lost race, reported as an answer (`LeaseLost`, `ignored`), never guessed.
+* Fenced writes (step write, acknowledge, renew, release) check the token and
+  write in one statement, under the execution row's lock.
+* Each transition appends its event in the same statement, so the history
+  can never disagree with the record.
+"""
+
+
+from __future__ import annotations
+
+import asyncpg
+
+from app.store.admission import AdmissionStatements
+from app.store.leases import LeaseStatements
+from app.store.steps import StepStatements
+from app.store.types import *  # noqa: F403
+from app.store.types import decode_cursor  # noqa: F401
+
+
+class ExecutionStore(AdmissionStatements, LeaseStatements, StepStatements):
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        redelivery_base_seconds: float = 1.0,
+        redelivery_cap_seconds: float = 300.0,
+    ):
+        self.pool = pool
+        self.redelivery_base = float(redelivery_base_seconds)
+        self.redelivery_cap = float(redelivery_cap_seconds)
+
+    @classmethod
+    def from_settings(cls, pool: asyncpg.Pool, settings) -> ExecutionStore:
+        return cls(
+            pool,
+            redelivery_base_seconds=settings.redelivery_base_seconds,
+            redelivery_cap_seconds=settings.redelivery_cap_seconds,
+        )
+

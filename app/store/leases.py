@@ -1,0 +1,301 @@
+"""Claims and the end of leases: claim, renew, release, acknowledge, reap."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import asyncpg
+
+from app.schema import TERMINAL_STATUSES
+from app.store.types import (
+    NOTIFY_CHANNEL,
+    Acknowledged,
+    Delivery,
+    Lease,
+    LeaseLost,
+    ReapResult,
+)
+
+
+class LeaseStatements:
+    pool: asyncpg.Pool
+    redelivery_base: float
+    redelivery_cap: float
+
+    # --------------------------------------------------------------------- leases
+
+    async def claim_due(self, limit: int, duration: float, owner: str) -> list[Delivery]:
+        """Lease at most `limit` due executions in one statement.
+
+        Candidates are due admitted/suspended rows past their redelivery delay,
+        and running rows whose lease expired (and whose redelivery delay since
+        that expiry has passed). FOR UPDATE SKIP LOCKED makes concurrent claims
+        take disjoint rows, so an execution never has two live leases; the
+        token increment makes every earlier holder stale.
+        """
+        if limit <= 0:
+            return []
+        rows = await self.pool.fetch(
+            """
+            WITH due AS (
+                SELECT execution_id, 'due'::text AS how, NULL::text AS old_owner,
+                       NULL::timestamptz AS old_expiry
+                FROM executions
+                WHERE status IN ('admitted', 'suspended') AND due_at <= now()
+                  AND (redeliver_after IS NULL OR redeliver_after <= now())
+                ORDER BY due_at
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED
+            ), expired AS (
+                SELECT execution_id, 'expired'::text AS how, lease_owner AS old_owner,
+                       lease_expires_at AS old_expiry
+                FROM executions
+                WHERE status = 'running' AND lease_expires_at <= now()
+                  AND lease_expires_at
+                      + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $4, $5) <= now()
+                ORDER BY lease_expires_at
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED
+            ), picked AS (
+                SELECT * FROM due UNION ALL SELECT * FROM expired LIMIT $1
+            ), claimed AS (
+                UPDATE executions e
+                SET status = 'running',
+                    token = e.token + 1,
+                    lease_owner = $3,
+                    lease_expires_at = now() + make_interval(secs => $2),
+                    -- A lease taken over after expiry ended unacknowledged: it
+                    -- counts, and its covered wakes are covered again.
+                    unacknowledged_deliveries =
+                        e.unacknowledged_deliveries + (p.how = 'expired')::int,
+                    last_unacknowledged_at = CASE WHEN p.how = 'expired'
+                        THEN e.lease_expires_at ELSE e.last_unacknowledged_at END,
+                    -- The claim covers every wake pending now; later wakes
+                    -- collect in due_at, apart from these.
+                    covered_due_at = CASE WHEN p.how = 'expired'
+                        THEN least(e.covered_due_at, e.due_at) ELSE e.due_at END,
+                    due_at = NULL,
+                    redeliver_after = NULL,
+                    updated_at = now()
+                FROM picked p
+                WHERE e.execution_id = p.execution_id
+                RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
+                          e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
+                          e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'lease_expired', token - 1,
+                       jsonb_build_object('owner', old_owner, 'expiredAt', old_expiry)
+                FROM claimed WHERE how = 'expired'
+                UNION ALL
+                SELECT execution_id, 'claimed', token, jsonb_build_object('owner', $3::text)
+                FROM claimed
+            )
+            SELECT * FROM claimed
+            """,
+            limit,
+            float(duration),
+            owner,
+            self.redelivery_base,
+            self.redelivery_cap,
+        )
+        return [
+            Delivery(
+                lease=Lease(r["execution_id"], r["token"], r["lease_expires_at"], owner),
+                workflow_id=r["workflow_id"],
+                params=r["params"],
+                context=r["context"],
+                status_before="suspended" if r["ever_suspended"] else "admitted",
+                outcome=r["outcome"],
+                unacknowledged_deliveries=r["unacknowledged_deliveries"],
+                deadline=r["deadline"],
+                code_version=r["code_version"],
+            )
+            for r in rows
+        ]
+
+    async def renew(self, leases: list[Lease], duration: float) -> tuple[list[Lease], list[Lease]]:
+        """Extend every lease that is still current, in one statement.
+        Returns (renewed, lost); a lost lease must stop its delivery."""
+        if not leases:
+            return [], []
+        rows = await self.pool.fetch(
+            """
+            WITH held AS (
+                SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
+            ), renewed AS (
+                UPDATE executions e
+                SET lease_expires_at = now() + make_interval(secs => $3)
+                FROM held h
+                -- Current token and a lease not ended by acknowledge, release
+                -- or the reaper; UPDATE's row lock makes check and write one.
+                WHERE e.execution_id = h.execution_id AND e.token = h.token
+                  AND e.status = 'running'
+                RETURNING e.execution_id, e.token, e.lease_expires_at
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token)
+                SELECT h.execution_id, 'renewal_lost', h.token FROM held h
+                WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
+            )
+            SELECT * FROM renewed
+            """,
+            [lease.execution_id for lease in leases],
+            [lease.token for lease in leases],
+            float(duration),
+        )
+        expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"] for r in rows}
+        renewed, lost = [], []
+        for lease in leases:
+            key = (lease.execution_id, lease.token)
+            if key in expiry:
+                renewed.append(Lease(lease.execution_id, lease.token, expiry[key], lease.owner))
+            else:
+                lost.append(lease)
+        return renewed, lost
+
+    async def release(self, lease: Lease) -> None:
+        """End the lease without an outcome: an unacknowledged delivery. The
+        covered wakes stay pending and the redelivery delay starts now."""
+        row = await self.pool.fetchrow(
+            """
+            WITH r AS (
+                UPDATE executions
+                SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                    unacknowledged_deliveries = unacknowledged_deliveries + 1,
+                    last_unacknowledged_at = now(),
+                    redeliver_after = now()
+                        + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $3, $4),
+                    due_at = least(due_at, covered_due_at),
+                    covered_due_at = NULL,
+                    lease_owner = NULL,
+                    lease_expires_at = NULL,
+                    updated_at = now()
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'released', token,
+                       jsonb_build_object('unacknowledgedDeliveries', unacknowledged_deliveries,
+                                          'redeliverAfter', redeliver_after)
+                FROM r
+            )
+            SELECT * FROM r
+            """,
+            lease.execution_id,
+            lease.token,
+            self.redelivery_base,
+            self.redelivery_cap,
+        )
+        if row is None:
+            raise LeaseLost(lease.execution_id, lease.token)
+
+    async def acknowledge(
+        self,
+        lease: Lease,
+        status: Literal["suspended", "completed", "failed"],
+        *,
+        result: Any = None,
+        error: dict | None = None,
+    ) -> Acknowledged:
+        """End the delivery with an outcome. Stale token → LeaseLost, nothing
+        changes. Current token on a terminal record → the recorded outcome.
+        Terminal outcomes are immutable; acknowledging clears the covered
+        wakes, keeps later ones (suspended) and resets the counter."""
+        if status == "completed":
+            outcome: dict | None = {"result": result}
+        elif status == "failed":
+            outcome = {"error": error or {"name": "Error", "message": ""}}
+        elif status == "suspended":
+            outcome = None
+        else:
+            raise ValueError(f"cannot acknowledge status {status!r}")
+        row = await self.pool.fetchrow(
+            f"""
+            WITH a AS (
+                -- The UPDATE locks the row, so the token check and the write
+                -- are one step: no claim can land between them.
+                UPDATE executions
+                SET status = $3,
+                    outcome = $4,
+                    ever_suspended = ever_suspended OR $3 = 'suspended',
+                    due_at = CASE WHEN $3 = 'suspended' THEN due_at END,
+                    covered_due_at = NULL,
+                    lease_owner = NULL,
+                    lease_expires_at = NULL,
+                    unacknowledged_deliveries = 0,
+                    last_unacknowledged_at = NULL,
+                    redeliver_after = NULL,
+                    updated_at = now()
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                RETURNING execution_id, token, status, outcome, due_at
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'acknowledged', token, jsonb_build_object('status', status)
+                FROM a
+            )
+            SELECT status, outcome,
+                   CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
+            FROM a
+            """,
+            lease.execution_id,
+            lease.token,
+            status,
+            outcome,
+        )
+        if row is not None:
+            return Acknowledged(row["status"], row["outcome"])
+        current = await self.pool.fetchrow(
+            "SELECT token, status, outcome FROM executions WHERE execution_id = $1",
+            lease.execution_id,
+        )
+        if (
+            current is not None
+            and current["token"] == lease.token
+            and current["status"] in TERMINAL_STATUSES
+        ):
+            return Acknowledged(current["status"], current["outcome"])
+        raise LeaseLost(lease.execution_id, lease.token)
+
+
+    # -------------------------------------------------------------------- reaper
+
+    async def reap_expired(self, limit: int = 500) -> ReapResult:
+        """End expired leases: status back to suspended/admitted, counter +1,
+        covered wakes pending again, redelivery delay counted from the expiry."""
+        rows = await self.pool.fetch(
+            """
+            WITH expired AS (
+                SELECT execution_id, lease_owner AS old_owner FROM executions
+                WHERE status = 'running' AND lease_expires_at <= now()
+                ORDER BY lease_expires_at
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED
+            ), r AS (
+                UPDATE executions e
+                SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                    unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
+                    last_unacknowledged_at = e.lease_expires_at,
+                    redeliver_after = e.lease_expires_at
+                        + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $2, $3),
+                    due_at = least(e.due_at, e.covered_due_at),
+                    covered_due_at = NULL,
+                    lease_owner = NULL,
+                    lease_expires_at = NULL,
+                    updated_at = now()
+                FROM expired x
+                WHERE e.execution_id = x.execution_id
+                RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'lease_expired', token,
+                       jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
+                FROM r
+            )
+            SELECT execution_id FROM r
+            """,
+            limit,
+            self.redelivery_base,
+            self.redelivery_cap,
+        )
+        ids = [r["execution_id"] for r in rows]
+        return ReapResult(len(ids), ids)

@@ -1,0 +1,138 @@
+"""Fenced step writes and the evidence a stale holder leaves behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from app.store.types import (
+    InvalidEvent,
+    Lease,
+    LeaseLost,
+    StepRecord,
+    _step,
+)
+
+
+class StepStatements:
+    pool: asyncpg.Pool
+    redelivery_base: float
+    redelivery_cap: float
+
+    # ---------------------------------------------------------------------- steps
+
+    async def write_step(
+        self,
+        lease: Lease,
+        step_key: str,
+        *,
+        value: Any = None,
+        error: dict | None = None,
+        function_name: str | None = None,
+        attempts: int = 1,
+    ) -> StepRecord:
+        """Record a step result under the lease, or return the one already
+        recorded (idempotent for the current holder). Stale → LeaseLost.
+
+        FOR SHARE on the execution row conflicts with the claim's row lock:
+        either this statement locks first, and a claim skips the row until this
+        step has committed (so the next holder sees it), or the claim commits
+        first and the token check here re-reads the row and fails. Check and
+        insert can never be split by a claim.
+        """
+        status = "failed" if error is not None else "completed"
+        try:
+            row = await self.pool.fetchrow(
+                """
+                WITH fence AS (
+                    SELECT execution_id FROM executions
+                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    FOR SHARE
+                ), ins AS (
+                    INSERT INTO execution_steps
+                        (execution_id, step_key, status, value, error, function_name,
+                         attempts, token)
+                    SELECT execution_id, $3, $4, $5, $6, $7, $8, $2 FROM fence
+                    ON CONFLICT (execution_id, step_key) DO NOTHING
+                    RETURNING step_key, status, value, error, function_name, attempts, token,
+                              recorded_at
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT $1, 'step_recorded', $2,
+                           jsonb_build_object('stepKey', $3::text, 'status', $4::text)
+                    FROM ins
+                )
+                SELECT (SELECT count(*) FROM fence) AS fenced, ins.*
+                FROM (SELECT 1) AS one LEFT JOIN ins ON true
+                """,
+                lease.execution_id,
+                lease.token,
+                step_key,
+                status,
+                value,
+                error,
+                function_name,
+                attempts,
+            )
+        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+        if not row["fenced"]:
+            await self.pool.execute(
+                """
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
+                """,
+                lease.execution_id,
+                lease.token,
+                step_key,
+            )
+            raise LeaseLost(lease.execution_id, lease.token)
+        if row["step_key"] is not None:
+            return _step(row)
+        # Already recorded (by this holder or an earlier one): the recorded
+        # value stands and is returned unchanged.
+        existing = await self.pool.fetchrow(
+            """
+            SELECT step_key, status, value, error, function_name, attempts, token, recorded_at
+            FROM execution_steps WHERE execution_id = $1 AND step_key = $2
+            """,
+            lease.execution_id,
+            step_key,
+        )
+        return _step(existing)
+
+    async def record_late_observation(
+        self,
+        lease: Lease,
+        step_key: str | None,
+        *,
+        value: Any = None,
+        error: dict | None = None,
+    ) -> None:
+        """Evidence from a stale holder: appended, never applied to state."""
+        try:
+            await self.pool.execute(
+                """
+                INSERT INTO late_observations (execution_id, step_key, token, owner, value, error)
+                VALUES ($1, $2, $3, $4, $5, $6)
+                """,
+                lease.execution_id,
+                step_key,
+                lease.token,
+                lease.owner,
+                value,
+                error,
+            )
+        except (ValueError, TypeError, asyncpg.DataError):
+            await self.pool.execute(
+                """
+                INSERT INTO late_observations (execution_id, step_key, token, owner, value, error)
+                VALUES ($1, $2, $3, $4, NULL, $5)
+                """,
+                lease.execution_id,
+                step_key,
+                lease.token,
+                lease.owner,
+                {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
+            )
