@@ -151,3 +151,42 @@ late_observations = Table(
     Column("observed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
 Index("ix_late_observations_execution", late_observations.c.execution_id)
+
+signals = Table(
+    "signals",
+    metadata,
+    Column("signal_id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", Text, nullable=False),
+    Column("payload", JSONB, nullable=True),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Set once, by the fenced step that consumed the signal; never cleared.
+    Column("consumed_step", Text, nullable=True),
+    Column("consumed_token", BigInteger, nullable=True),
+    Column("consumed_at", DateTime(timezone=True), nullable=True),
+)
+Index(
+    "ix_signals_pending",
+    signals.c.execution_id,
+    signals.c.name,
+    signals.c.signal_id,
+    postgresql_where=text("consumed_step IS NULL"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("workflows", JSONB, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("stopped_at", DateTime(timezone=True), nullable=True),
+)

@@ -98,8 +98,36 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('execution_id', 'step_key', name=op.f('pk_execution_steps'))
     )
 
+    op.create_table('signals',
+    sa.Column('signal_id', sa.BigInteger(), autoincrement=True, nullable=False),
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('name', sa.Text(), nullable=False),
+    sa.Column('payload', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.Column('received_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('consumed_step', sa.Text(), nullable=True),
+    sa.Column('consumed_token', sa.BigInteger(), nullable=True),
+    sa.Column('consumed_at', sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['execution_id'], ['executions.execution_id'], name=op.f('fk_signals_execution_id'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('signal_id', name=op.f('pk_signals'))
+    )
+    op.create_index('ix_signals_pending', 'signals', ['execution_id', 'name', 'signal_id'], unique=False, postgresql_where=sa.text('consumed_step IS NULL'))
+    op.create_table('workers',
+    sa.Column('worker_id', sa.Text(), nullable=False),
+    sa.Column('host', sa.Text(), nullable=False),
+    sa.Column('pid', sa.Integer(), nullable=False),
+    sa.Column('workflows', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+    sa.Column('concurrency', sa.Integer(), nullable=False),
+    sa.Column('started_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('heartbeat_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('stopped_at', sa.DateTime(timezone=True), nullable=True),
+    sa.PrimaryKeyConstraint('worker_id', name=op.f('pk_workers'))
+    )
+
 
 def downgrade() -> None:
+    op.drop_table('workers')
+    op.drop_index('ix_signals_pending', table_name='signals', postgresql_where=sa.text('consumed_step IS NULL'))
+    op.drop_table('signals')
     op.drop_table('execution_steps')
     op.drop_index('ix_late_observations_execution', table_name='late_observations')
     op.drop_table('late_observations')
