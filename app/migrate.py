@@ -79,3 +79,20 @@ async def current_revision(url: str) -> str | None:
 
 async def is_at_head(url: str) -> bool:
     return await current_revision(url) == head_revision()
+
+
+class SchemaOutOfDate(RuntimeError):
+    pass
+
+
+async def check_schema(pool) -> None:
+    """API and workers refuse to start on a schema that is not at head."""
+    try:
+        revision = await pool.fetchval("SELECT version_num FROM alembic_version")
+    except Exception as exc:  # the table is missing: never migrated
+        raise SchemaOutOfDate("the database has no fencepost schema; run `fencepost migrate`") from exc
+    if revision != head_revision():
+        raise SchemaOutOfDate(
+            f"the database schema is at {revision}, this build needs {head_revision()}; "
+            "run `fencepost migrate`"
+        )

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     statement_timeout_seconds: float = Field(
         10.0, gt=0, description="Longest a single statement may run before Postgres cancels it."
     )
+    poll_seconds: float = Field(
+        1.0, gt=0, description="How often an idle worker polls for due executions (LISTEN/NOTIFY wakes it sooner)."
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="How long a stopping worker lets running deliveries finish before releasing them."
+    )
     connect_timeout_seconds: float = Field(5.0, gt=0, description="Longest a connection attempt may take.")
 
     @field_validator("redelivery_cap_seconds")

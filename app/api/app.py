@@ -10,28 +10,9 @@ from fastapi import FastAPI
 from app.api.errors import install_error_handlers
 from app.api.routes import executions, health
 from app.db import create_pool
-from app.migrate import head_revision
+from app.migrate import check_schema
 from app.settings import Settings
 from app.store import ExecutionStore
-
-
-class SchemaOutOfDate(RuntimeError):
-    pass
-
-
-async def check_schema(pool) -> None:
-    """API and workers refuse to start on a schema that is not at head."""
-    try:
-        revision = await pool.fetchval("SELECT version_num FROM alembic_version")
-    except Exception as exc:  # table missing: never migrated
-        raise SchemaOutOfDate(
-            "the database has no fencepost schema; run `fencepost migrate`"
-        ) from exc
-    if revision != head_revision():
-        raise SchemaOutOfDate(
-            f"the database schema is at {revision}, this build needs {head_revision()}; "
-            "run `fencepost migrate`"
-        )
 
 
 def create_app(settings: Settings) -> FastAPI:

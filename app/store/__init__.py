@@ -20,12 +20,16 @@ import asyncpg
 
 from app.store.admission import AdmissionStatements
 from app.store.leases import LeaseStatements
+from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
 from app.store.types import *  # noqa: F403
 from app.store.types import decode_cursor  # noqa: F401
+from app.store.workers import WorkerStatements
 
 
-class ExecutionStore(AdmissionStatements, LeaseStatements, StepStatements):
+class ExecutionStore(
+    AdmissionStatements, LeaseStatements, StepStatements, SignalStatements, WorkerStatements
+):
     def __init__(
         self,
         pool: asyncpg.Pool,

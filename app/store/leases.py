@@ -24,14 +24,17 @@ class LeaseStatements:
 
     # --------------------------------------------------------------------- leases
 
-    async def claim_due(self, limit: int, duration: float, owner: str) -> list[Delivery]:
+    async def claim_due(
+        self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None
+    ) -> list[Delivery]:
         """Lease at most `limit` due executions in one statement.
 
         Candidates are due admitted/suspended rows past their redelivery delay,
         and running rows whose lease expired (and whose redelivery delay since
         that expiry has passed). FOR UPDATE SKIP LOCKED makes concurrent claims
         take disjoint rows, so an execution never has two live leases; the
-        token increment makes every earlier holder stale.
+        token increment makes every earlier holder stale. `workflow_ids`
+        limits the claim to workflows the caller can run (None: any).
         """
         if limit <= 0:
             return []
@@ -43,6 +46,7 @@ class LeaseStatements:
                 FROM executions
                 WHERE status IN ('admitted', 'suspended') AND due_at <= now()
                   AND (redeliver_after IS NULL OR redeliver_after <= now())
+                  AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
                 ORDER BY due_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED
@@ -53,6 +57,7 @@ class LeaseStatements:
                 WHERE status = 'running' AND lease_expires_at <= now()
                   AND lease_expires_at
                       + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $4, $5) <= now()
+                  AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
                 ORDER BY lease_expires_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED
@@ -81,7 +86,8 @@ class LeaseStatements:
                 WHERE e.execution_id = p.execution_id
                 RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
                           e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
-                          e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry
+                          e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
+                          now() AS claimed_at
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'lease_expired', token - 1,
@@ -98,6 +104,7 @@ class LeaseStatements:
             owner,
             self.redelivery_base,
             self.redelivery_cap,
+            workflow_ids,
         )
         return [
             Delivery(
@@ -110,6 +117,7 @@ class LeaseStatements:
                 unacknowledged_deliveries=r["unacknowledged_deliveries"],
                 deadline=r["deadline"],
                 code_version=r["code_version"],
+                claimed_at=r["claimed_at"],
             )
             for r in rows
         ]
@@ -196,6 +204,7 @@ class LeaseStatements:
         *,
         result: Any = None,
         error: dict | None = None,
+        traceback: str | None = None,
     ) -> Acknowledged:
         """End the delivery with an outcome. Stale token → LeaseLost, nothing
         changes. Current token on a terminal record → the recorded outcome.
@@ -230,7 +239,9 @@ class LeaseStatements:
                 RETURNING execution_id, token, status, outcome, due_at
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'acknowledged', token, jsonb_build_object('status', status)
+                SELECT execution_id, 'acknowledged', token,
+                       jsonb_strip_nulls(jsonb_build_object('status', status,
+                                                            'traceback', $5::text))
                 FROM a
             )
             SELECT status, outcome,
@@ -241,6 +252,7 @@ class LeaseStatements:
             lease.token,
             status,
             outcome,
+            traceback,
         )
         if row is not None:
             return Acknowledged(row["status"], row["outcome"])

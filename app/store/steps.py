@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -78,15 +79,7 @@ class StepStatements:
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
         if not row["fenced"]:
-            await self.pool.execute(
-                """
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
-                """,
-                lease.execution_id,
-                lease.token,
-                step_key,
-            )
+            await self._fenced_write_rejected(lease, step_key)
             raise LeaseLost(lease.execution_id, lease.token)
         if row["step_key"] is not None:
             return _step(row)
@@ -136,3 +129,75 @@ class StepStatements:
                 lease.owner,
                 {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
             )
+
+    async def record_timer(
+        self,
+        lease: Lease,
+        step_key: str,
+        *,
+        delay_seconds: float | None = None,
+        until: datetime | None = None,
+    ) -> tuple[datetime, datetime]:
+        """Record a durable timer as a fenced step whose value is the wake time,
+        computed from the database clock (`now() + delay`) or given (`until`).
+        An already-recorded timer keeps its time. Returns (wake_at, db_now)."""
+        row = await self.pool.fetchrow(
+            """
+            WITH fence AS (
+                -- Same lock as write_step: no claim between check and insert.
+                SELECT execution_id FROM executions
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                FOR SHARE
+            ), ins AS (
+                INSERT INTO execution_steps
+                    (execution_id, step_key, status, value, function_name, token)
+                SELECT execution_id, $3, 'completed',
+                       to_jsonb(coalesce($5::timestamptz, now() + make_interval(secs => $4))),
+                       'sleep', $2
+                FROM fence
+                ON CONFLICT (execution_id, step_key) DO NOTHING
+                RETURNING value
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT $1, 'step_recorded', $2,
+                       jsonb_build_object('stepKey', $3::text, 'status', 'completed',
+                                          'wakeAt', value)
+                FROM ins
+            )
+            SELECT (SELECT count(*) FROM fence) AS fenced,
+                   coalesce((SELECT value FROM ins),
+                            (SELECT value FROM execution_steps
+                             WHERE execution_id = $1 AND step_key = $3)) AS value,
+                   now() AS db_now
+            """,
+            lease.execution_id,
+            lease.token,
+            step_key,
+            float(delay_seconds or 0.0),
+            until,
+        )
+        if not row["fenced"]:
+            await self._fenced_write_rejected(lease, step_key)
+            raise LeaseLost(lease.execution_id, lease.token)
+        if row["value"] is None:  # recorded concurrently after this snapshot
+            existing = await self.pool.fetchval(
+                "SELECT value FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
+                lease.execution_id,
+                step_key,
+            )
+            return datetime.fromisoformat(existing), row["db_now"]
+        return datetime.fromisoformat(row["value"]), row["db_now"]
+
+    async def db_now(self) -> datetime:
+        return await self.pool.fetchval("SELECT now()")
+
+    async def _fenced_write_rejected(self, lease: Lease, step_key: str) -> None:
+        await self.pool.execute(
+            """
+            INSERT INTO execution_events (execution_id, kind, token, detail)
+            VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
+            """,
+            lease.execution_id,
+            lease.token,
+            step_key,
+        )

@@ -50,6 +50,7 @@ class Delivery:
     unacknowledged_deliveries: int
     deadline: datetime | None
     code_version: str | None
+    claimed_at: datetime  # database time of the claim
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,3 @@
+"""Example workflows, registered by `make dev` (FENCEPOST_WORKFLOWS=app.examples)."""
+
+from app.examples import refunds, shop  # noqa: F401

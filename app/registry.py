@@ -1,0 +1,83 @@
+"""Workflow registration and loading.
+
+`@workflow(...)` adds a definition to the process-wide registry when its module
+is imported; `load_workflows(modules)` imports the modules named by
+`FENCEPOST_WORKFLOWS` / `--workflows` and returns what they registered. API and
+workers load the same modules, so admission can refuse unknown workflows and
+validate params against the same model the worker will use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    workflow_id: str
+    fn: Callable[..., Awaitable[Any]]
+    params_model: type[BaseModel] | None
+    module: str
+
+    def parse_params(self, raw: Any) -> Any:
+        """The value handed to workflow code: a model instance when declared."""
+        if self.params_model is None:
+            return raw
+        return self.params_model.model_validate(raw)
+
+
+_registry: dict[str, WorkflowDefinition] = {}
+
+
+class WorkflowRegistrationError(ValueError):
+    pass
+
+
+def workflow(workflow_id: str, *, params: type[BaseModel] | None = None):
+    """Register an async function `(ctx, params) -> JSON value` as `workflow_id`."""
+    if not ID_RE.match(workflow_id):
+        raise WorkflowRegistrationError(
+            f"workflow ID {workflow_id!r} must be 1-200 characters from A-Z a-z 0-9 . _ : -"
+        )
+    if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
+        raise WorkflowRegistrationError(f"params= of {workflow_id!r} must be a pydantic model class")
+
+    def register(fn):
+        if not inspect.iscoroutinefunction(fn):
+            raise WorkflowRegistrationError(f"workflow {workflow_id!r} must be an async function")
+        existing = _registry.get(workflow_id)
+        if existing is not None and (existing.module, existing.fn.__qualname__) != (
+            fn.__module__,
+            fn.__qualname__,
+        ):
+            raise WorkflowRegistrationError(
+                f"workflow {workflow_id!r} is registered twice "
+                f"({existing.module}.{existing.fn.__qualname__} and {fn.__module__}.{fn.__qualname__})"
+            )
+        _registry[workflow_id] = WorkflowDefinition(workflow_id, fn, params, fn.__module__)
+        return fn
+
+    return register
+
+
+def load_workflows(modules: list[str]) -> dict[str, WorkflowDefinition]:
+    """Import each module (registering its workflows) and return the workflows
+    those modules define."""
+    wanted = set()
+    for name in modules:
+        module = importlib.import_module(name)
+        wanted.add(module.__name__)
+    return {wid: d for wid, d in _registry.items() if d.module in wanted or _defined_under(d, wanted)}
+
+
+def _defined_under(definition: WorkflowDefinition, modules: set[str]) -> bool:
+    return any(definition.module.startswith(m + ".") for m in modules)

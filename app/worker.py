@@ -1,0 +1,393 @@
+"""The worker: a dispatcher that claims due executions, replays their workflow
+code under a lease, renews every held lease in one statement, and
+acknowledges how each delivery ended.
+
+Side tasks (claimer, renewer, listener, reaper) are named and watched: if one
+dies, the worker stops loudly rather than run half-alive. SIGTERM stops
+claiming, lets running deliveries finish within the grace period, releases
+what is left and exits 0; a second SIGTERM/SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from pydantic import ValidationError
+
+from app.db import asyncpg_dsn, create_pool
+from app.migrate import check_schema
+from app.reaper import LeaseReaper
+from app.registry import WorkflowDefinition
+from app.sdk import (
+    INFRASTRUCTURE_ERRORS,
+    DeliveryStopped,
+    Retry,
+    Suspend,
+    WorkflowContext,
+    error_of,
+    format_traceback,
+    json_problem,
+)
+from app.settings import Settings
+from app.store import (
+    NOTIFY_CHANNEL,
+    Delivery,
+    ExecutionStore,
+    InvalidEvent,
+    Lease,
+    LeaseLost,
+    StepRecord,
+)
+
+log = logging.getLogger("fencepost.worker")
+
+
+@dataclass
+class Running:
+    lease: Lease
+    task: asyncio.Task
+    lost: bool = False
+
+
+class Backoff:
+    """Exponential backoff with full jitter, for database outages."""
+
+    def __init__(self, first: float = 0.2, cap: float = 5.0):
+        self.first, self.cap, self.failures = first, cap, 0
+
+    def next(self) -> float:
+        self.failures += 1
+        return random.uniform(0, min(self.cap, self.first * 2 ** (self.failures - 1)))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        workflows: dict[str, WorkflowDefinition],
+        *,
+        concurrency: int = 10,
+        worker_id: str | None = None,
+    ):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not workflows:
+            raise ValueError("a worker needs at least one workflow; set FENCEPOST_WORKFLOWS")
+        self.settings = settings
+        self.workflows = workflows
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.store: ExecutionStore | None = None
+        self._running: dict[str, Running] = {}
+        self._wakeup = asyncio.Event()
+        self._stopping = asyncio.Event()  # stop claiming
+        self._done = asyncio.Event()  # renewer and listener may stop
+        self._maybe_more_due = False
+        self._signals = 0
+
+    # ----------------------------------------------------------------- control
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._wakeup.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                log.warning("second signal: exiting at once")
+                os._exit(1)
+            log.info("signal %s: stop claiming, finish running deliveries", signum)
+            self.request_stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    async def run(self) -> None:
+        s = self.settings
+        pool = await create_pool(
+            s, min_size=1, max_size=max(s.pool_max_size, min(self.concurrency, 40) + 3),
+            application_name=f"fencepost-worker {self.worker_id}"[:63],
+        )
+        try:
+            await check_schema(pool)
+            self.store = ExecutionStore.from_settings(pool, s)
+            await self.store.register_worker(
+                self.worker_id, host=socket.gethostname(), pid=os.getpid(),
+                workflows=sorted(self.workflows), concurrency=self.concurrency,
+            )
+            log.info("worker %s started: %s, concurrency %d", self.worker_id,
+                     ", ".join(sorted(self.workflows)), self.concurrency)
+            side = [
+                asyncio.create_task(self._claimer(), name="claimer"),
+                asyncio.create_task(self._renewer(), name="renewer"),
+                asyncio.create_task(self._listener(), name="listener"),
+                asyncio.create_task(self._reaper(), name="reaper"),
+            ]
+            await self._watch(side)
+            await self._drain()
+            self._done.set()
+            for task in side:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+            try:
+                await self.store.worker_stopped(self.worker_id)
+            except INFRASTRUCTURE_ERRORS:
+                pass
+            log.info("worker %s stopped", self.worker_id)
+        finally:
+            await pool.close()
+
+    async def _watch(self, side: list[asyncio.Task]) -> None:
+        """Return when the claimer stops; a side task that dies stops the worker loudly."""
+        claimer = side[0]
+        while True:
+            done, _ = await asyncio.wait(side, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is claimer and task.exception() is None:
+                    return
+                exc = task.exception() if not task.cancelled() else None
+                self.request_stop()
+                raise RuntimeError(f"worker side task {task.get_name()!r} died: {exc!r}") from exc
+
+    async def _drain(self) -> None:
+        """Let running deliveries finish within the grace period, then stop
+        them and release their leases so another worker can take them."""
+        tasks = [r.task for r in self._running.values()]
+        if tasks:
+            log.info("waiting up to %.1fs for %d deliveries", self.settings.shutdown_grace_seconds,
+                     len(tasks))
+            await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
+        leftover = list(self._running.values())
+        for running in leftover:
+            running.task.cancel()
+        await asyncio.gather(*(r.task for r in leftover), return_exceptions=True)
+        for running in leftover:
+            try:
+                await self.store.release(running.lease)
+                log.info("released %s (token %d) at shutdown", running.lease.execution_id,
+                         running.lease.token)
+            except (LeaseLost, *INFRASTRUCTURE_ERRORS):
+                pass
+
+    # ----------------------------------------------------------------- claimer
+
+    async def _claimer(self) -> None:
+        backoff = Backoff()
+        workflow_ids = sorted(self.workflows)
+        while not self._stopping.is_set():
+            self._wakeup.clear()
+            free = self.concurrency - len(self._running)
+            if free > 0:
+                try:
+                    deliveries = await self.store.claim_due(
+                        free, self.settings.lease_seconds, self.worker_id, workflow_ids
+                    )
+                    steps = (
+                        await self.store.steps([d.lease.execution_id for d in deliveries])
+                        if deliveries else {}
+                    )
+                    backoff.reset()
+                except INFRASTRUCTURE_ERRORS as exc:
+                    delay = backoff.next()
+                    log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
+                    await self._sleep(delay)
+                    continue
+                for delivery in deliveries:
+                    self._start(delivery, steps.get(delivery.lease.execution_id, {}))
+                self._maybe_more_due = len(deliveries) == free
+                if self._maybe_more_due:
+                    continue
+            await self._sleep(self.settings.poll_seconds)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep until woken (notify, a freed slot, stop) or `seconds` pass."""
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    def _start(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
+        eid = delivery.lease.execution_id
+        task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
+        self._running[eid] = Running(delivery.lease, task)
+
+        def finished(_: asyncio.Task) -> None:
+            current = self._running.get(eid)
+            if current is not None and current.task is task:
+                del self._running[eid]
+            if self._maybe_more_due:
+                self._wakeup.set()
+
+        task.add_done_callback(finished)
+
+    # ---------------------------------------------------------------- delivery
+
+    def _lease_of(self, execution_id: str, fallback: Lease) -> Lease:
+        running = self._running.get(execution_id)
+        return running.lease if running is not None else fallback
+
+    async def _deliver(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
+        lease = delivery.lease
+        eid = lease.execution_id
+        definition = self.workflows[delivery.workflow_id]
+        try:
+            params = definition.parse_params(delivery.params)
+        except ValidationError as exc:
+            await self._finish(lease, "failed", error={
+                "name": "InvalidParams",
+                "message": f"params no longer match {definition.params_model.__name__}: {exc}",
+            })
+            return
+        ctx = WorkflowContext(self.store, delivery, steps, definition, params)
+        try:
+            result = await definition.fn(ctx, params)
+        except Suspend:
+            await self._finish(lease, "suspended")
+        except Retry as exc:
+            await self._finish(lease, "retry", error=error_of(exc))
+        except DeliveryStopped as exc:
+            log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc)
+        except asyncio.CancelledError:
+            running = self._running.get(eid)
+            if running is not None and running.lost:
+                log.info("delivery of %s (token %d) cancelled: lease lost", eid, lease.token)
+            # At shutdown the drain releases the lease; either way no outcome.
+        except INFRASTRUCTURE_ERRORS as exc:
+            log.warning("delivery of %s: database unavailable (%s); no acknowledgement", eid, exc)
+        except Exception as exc:
+            await self._finish(lease, "failed", error=error_of(exc), tb=format_traceback(exc))
+        else:
+            unreached = ctx.unreached_steps()
+            problem = json_problem(result)
+            if unreached:
+                await self._finish(lease, "failed", error={
+                    "name": "ReplayError",
+                    "message": f"recorded steps {unreached} were not reached by this run; "
+                               "the workflow code changed incompatibly",
+                })
+            elif problem is not None:
+                await self._finish(lease, "failed", error={
+                    "name": "ResultNotJSON",
+                    "message": f"the workflow returned a value that is not JSON: {problem}",
+                })
+            else:
+                await self._finish(lease, "completed", result=result)
+
+    async def _finish(self, lease: Lease, kind: str, *, result: Any = None,
+                      error: dict | None = None, tb: str | None = None) -> None:
+        """The final write of a delivery, shielded from cancellation."""
+        lease = self._lease_of(lease.execution_id, lease)
+        await asyncio.shield(self._write_outcome(lease, kind, result, error, tb))
+
+    async def _write_outcome(self, lease: Lease, kind: str, result: Any,
+                             error: dict | None, tb: str | None) -> None:
+        try:
+            if kind == "retry":
+                await self.store.release(lease)
+                return
+            try:
+                await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb)
+            except InvalidEvent as exc:
+                await self.store.acknowledge(lease, "failed", error={
+                    "name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}",
+                })
+        except LeaseLost:
+            log.info("acknowledgement of %s (token %d) rejected: lease lost", lease.execution_id,
+                     lease.token)
+            try:
+                await self.store.record_late_observation(
+                    lease, None, value={"acknowledge": kind, "result": result}, error=error
+                )
+            except (InvalidEvent, *INFRASTRUCTURE_ERRORS):
+                pass
+        except INFRASTRUCTURE_ERRORS as exc:
+            log.warning("could not acknowledge %s (%s); the lease will expire", lease.execution_id, exc)
+
+    # ----------------------------------------------------------------- renewer
+
+    async def _renewer(self) -> None:
+        backoff = Backoff()
+        interval = self.settings.renew_seconds
+        while not self._done.is_set():
+            try:
+                await asyncio.wait_for(self._done.wait(), timeout=interval)
+                return
+            except TimeoutError:
+                pass
+            held = {eid: r for eid, r in self._running.items() if not r.lost}
+            try:
+                renewed, lost = await self.store.renew([r.lease for r in held.values()],
+                                                       self.settings.lease_seconds)
+                await self.store.heartbeat(self.worker_id)
+                backoff.reset()
+                interval = self.settings.renew_seconds
+            except INFRASTRUCTURE_ERRORS as exc:
+                interval = min(self.settings.renew_seconds, backoff.next())
+                log.warning("renewal failed (%s); retrying in %.2fs", exc, interval)
+                continue
+            for lease in renewed:
+                running = self._running.get(lease.execution_id)
+                if running is not None and running.lease.token == lease.token:
+                    running.lease = lease
+            for lease in lost:
+                running = self._running.get(lease.execution_id)
+                if running is not None and running.lease.token == lease.token:
+                    log.info("lease on %s (token %d) lost at renewal; stopping its delivery",
+                             lease.execution_id, lease.token)
+                    running.lost = True
+                    running.task.cancel()
+
+    # ---------------------------------------------------------------- listener
+
+    async def _listener(self) -> None:
+        """LISTEN for admissions, wakes and signals; polling covers the rest."""
+        backoff = Backoff(first=0.5, cap=10.0)
+        dsn = asyncpg_dsn(self.settings.database_url)
+        while not self._done.is_set():
+            conn = None
+            try:
+                conn = await asyncpg.connect(dsn, timeout=self.settings.connect_timeout_seconds)
+                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wakeup.set())
+                backoff.reset()
+                self._wakeup.set()  # anything admitted while we were not listening
+                while not self._done.is_set():
+                    try:
+                        await asyncio.wait_for(self._done.wait(), timeout=5.0)
+                    except TimeoutError:
+                        await conn.execute("SELECT 1", timeout=5.0)  # notice a dead connection
+            except (*INFRASTRUCTURE_ERRORS, asyncpg.PostgresError, TimeoutError) as exc:
+                delay = backoff.next()
+                log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+            finally:
+                if conn is not None:
+                    conn.terminate()
+
+    # ------------------------------------------------------------------ reaper
+
+    async def _reaper(self) -> None:
+        reaper = LeaseReaper(self.store, interval=max(0.1, min(self.settings.lease_seconds / 2, 5.0)))
+        backoff = Backoff()
+        while not self._done.is_set():
+            try:
+                await reaper.run(self._done)
+                return
+            except INFRASTRUCTURE_ERRORS as exc:
+                delay = backoff.next()
+                log.warning("reaper failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
