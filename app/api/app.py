@@ -11,11 +11,18 @@ from app.api.errors import install_error_handlers
 from app.api.routes import executions, health
 from app.db import create_pool
 from app.migrate import check_schema
+from app.registry import WorkflowDefinition, load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | None = None) -> FastAPI:
+    """`workflows`: the registry admission checks against; by default the
+    modules named in FENCEPOST_WORKFLOWS. With none configured, admission
+    accepts any well-formed workflowId (the API then knows no workflow code)."""
+    if workflows is None and settings.workflow_modules:
+        workflows = load_workflows(settings.workflow_modules)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         pool = await create_pool(settings, application_name="fencepost-api")
@@ -23,6 +30,7 @@ def create_app(settings: Settings) -> FastAPI:
             await check_schema(pool)
             app.state.settings = settings
             app.state.store = ExecutionStore.from_settings(pool, settings)
+            app.state.workflows = workflows
             yield
         finally:
             await pool.close()

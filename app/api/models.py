@@ -50,6 +50,10 @@ class WakeAnswer(Camel):
     status: Literal["requested", "ignored"]
 
 
+class SignalAnswer(Camel):
+    status: Literal["received"]
+
+
 class LeaseView(Camel):
     token: int
     owner: str | None

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import ValidationError
 
 from app.api.deps import SettingsDep, StoreDep
@@ -18,6 +17,7 @@ from app.api.models import (
     ErrorBody,
     ExecutionPage,
     ExecutionRecord,
+    SignalAnswer,
     Status,
     WakeAnswer,
     WakeRequest,
@@ -54,9 +54,11 @@ async def _json(request: Request, settings) -> object:
     return parse_json(raw, max_depth=settings.max_json_depth)
 
 
-def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT") -> ApiError:
+def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",
+             prefix: str | None = None) -> ApiError:
+    head = [prefix] if prefix else []
     problems = [
-        {"loc": [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
+        {"loc": head + [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
     ]
     first = problems[0]
     where = ".".join(first["loc"]) or "body"
@@ -74,7 +76,9 @@ def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT") -> Api
     openapi_extra=_body_schema(AdmitRequest),
     responses={
         **ERRORS,
+        404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
+        422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_PARAMS"},
     },
 )
 async def admit(request: Request, response: Response, store: StoreDep, settings: SettingsDep):
@@ -88,6 +92,19 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         req = AdmitRequest.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc) from None
+    definitions = request.app.state.workflows
+    if definitions is not None:
+        definition = definitions.get(req.workflow_id)
+        if definition is None:
+            raise ApiError(
+                404, "WORKFLOW_NOT_FOUND",
+                f"no workflow {req.workflow_id!r} is registered; registered: "
+                f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
+            )
+        try:
+            definition.parse_params(req.params)
+        except ValidationError as exc:
+            raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
     try:
         result = await store.admit(
             workflow_id=req.workflow_id,
@@ -193,4 +210,39 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
     return {"status": answer}
 
 
-__all__ = ["router", "json"]
+@router.post(
+    "/{execution_id}/signals/{name}",
+    status_code=202,
+    response_model=SignalAnswer,
+    summary="Deliver a signal: stored, a wake requested, consumed once by the workflow",
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": {"description": "Any JSON value: the payload."}}},
+        }
+    },
+    responses={
+        **ERRORS,
+        404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
+        409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"},
+    },
+)
+async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
+                      request: Request, store: StoreDep, settings: SettingsDep):
+    payload = None
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        payload = await _json(request, settings)
+    try:
+        answer, status = await store.send_signal(execution_id, name, payload)
+    except InvalidEvent as exc:
+        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+                       f"the payload cannot be stored exactly ({exc}); send plain JSON") from None
+    if answer == "not_found":
+        raise not_found(execution_id)
+    if answer == "terminal":
+        raise ApiError(
+            409, "EXECUTION_TERMINAL",
+            f"execution {execution_id!r} is {status}; a finished execution takes no signals",
+            status=status,
+        )
+    return {"status": "received"}
