@@ -1,0 +1,171 @@
+"""The `fencepost` command line.
+
+Every subcommand is one entry in COMMANDS: a name, a help line, a function that
+adds its arguments to its argparse subparser, and a function `run(args) -> int`
+(the process exit code). To add `api`, `worker`, `dev` or `bench`, write the two
+functions and add one `Command(...)` line to COMMANDS; `main()` needs no change.
+
+Exit codes: 0 success, 1 the command ran and failed (e.g. schema behind),
+2 usage or configuration error (e.g. DATABASE_URL missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure with a message for the operator; main() prints it and exits."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# -- shared helpers ---------------------------------------------------------
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()]
+        raise CliError("invalid configuration:\n" + "\n".join(lines), EXIT_USAGE) from None
+
+
+def require_database_url(settings: Settings, command: str) -> str:
+    if not settings.database_url:
+        raise CliError(
+            f"fencepost {command}: DATABASE_URL is not set; "
+            "export DATABASE_URL=postgresql://user:password@host:5432/dbname",
+            EXIT_USAGE,
+        )
+    return settings.database_url
+
+
+def _describe_connect_error(exc: BaseException) -> str | None:
+    """A one-line message when `exc` (or what caused it) means 'cannot reach the database'."""
+    import asyncpg
+
+    connect_errors = (
+        OSError,
+        TimeoutError,
+        asyncpg.exceptions.PostgresConnectionError,
+        asyncpg.exceptions.InvalidCatalogNameError,
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+        asyncpg.exceptions.InvalidPasswordError,
+        asyncpg.exceptions.CannotConnectNowError,
+    )
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, connect_errors):
+            return f"cannot connect to the database in DATABASE_URL: {type(cur).__name__}: {cur}"
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+# -- migrate ----------------------------------------------------------------
+
+
+def _configure_migrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 0 if the schema is at head, 1 if it needs `fencepost migrate`",
+    )
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from app import migrate
+
+    url = require_database_url(load_settings(), "migrate")
+    head = migrate.head_revision()
+
+    if args.check:
+        current = asyncio.run(migrate.current_revision(url))
+        if current == head:
+            print(f"schema is at head ({head})")
+            return EXIT_OK
+        print(
+            f"schema is at revision {current or '<none: empty database>'}, "
+            f"this code needs {head}; run `fencepost migrate`",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+
+    async def upgrade_and_read() -> str | None:
+        await migrate.upgrade(url)
+        return await migrate.current_revision(url)
+
+    current = asyncio.run(upgrade_and_read())
+    print(f"schema is at revision {current} (head {head})")
+    return EXIT_OK if current == head else EXIT_FAILED
+
+
+# -- dispatch table -----------------------------------------------------------
+# Add further subcommands here (api, worker, dev, bench), one line each.
+
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in [
+        Command("migrate", "apply database migrations (alembic upgrade head)", _configure_migrate,
+                cmd_migrate),
+    ]
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fencepost", description="Durable workflows on PostgreSQL."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS.values():
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(p)
+        p.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args._run(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        message = _describe_connect_error(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
