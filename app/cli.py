@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from app import bench, devserver, serve
 from app.settings import Settings
 
 EXIT_OK = 0
@@ -127,11 +128,30 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 # -- dispatch table -----------------------------------------------------------
 # Add further subcommands here (api, worker, dev, bench), one line each.
 
+def _with_settings(run: Callable[[argparse.Namespace, Settings], int], *,
+                   needs_database: str | None = None) -> Callable[[argparse.Namespace], int]:
+    def wrapped(args: argparse.Namespace) -> int:
+        settings = load_settings()
+        if needs_database:
+            require_database_url(settings, needs_database)
+        return run(args, settings)
+
+    return wrapped
+
+
 COMMANDS: dict[str, Command] = {
     c.name: c
     for c in [
         Command("migrate", "apply database migrations (alembic upgrade head)", _configure_migrate,
                 cmd_migrate),
+        Command("api", "serve the HTTP API", serve.configure_api,
+                _with_settings(serve.run_api, needs_database="api")),
+        Command("worker", "run workflows: claim, renew, fence, acknowledge", serve.configure_worker,
+                _with_settings(serve.run_worker, needs_database="worker")),
+        Command("dev", "embedded Postgres (unless DATABASE_URL is set), API and two workers",
+                devserver.configure, _with_settings(devserver.run)),
+        Command("bench", "measure throughput and latency; prints one JSON line", bench.configure,
+                _with_settings(bench.run)),
     ]
 }
 

@@ -1,0 +1,234 @@
+"""`fencepost bench`: the service measured end to end, printed as one JSON line.
+
+Starts the API and W worker processes on DATABASE_URL (or a throw-away
+embedded Postgres), then:
+
+1. start latency: admits executions one at a time to idle workers and reads,
+   from the database clock, how long each took from admission to its first
+   recorded step (p50/p99);
+2. throughput: admits N executions of a 3-step workflow over HTTP from
+   concurrent clients while the workers run them; admissions/s is measured at
+   the client, executions/s from the first admission to the last completion
+   on the database clock;
+3. commits per execution: the database's transaction counter over the run,
+   divided by N (everything counts: API, workers, polling, renewals).
+
+Machines here are shared and noisy: compare figures within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from app.db import asyncpg_dsn
+from app.devserver import spawn_children, stop_children
+from app.settings import Settings
+
+WORKFLOW = "bench-3-steps"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executions", type=int, default=2000, help="executions to run (default 2000)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--concurrency", type=int, default=32, help="deliveries per worker (default 32)")
+    p.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
+    p.add_argument("--latency-samples", type=int, default=50,
+                   help="sequential admissions for start latency (default 50)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def _wait_ready(base: str, conn: asyncpg.Connection, workers: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=base) as client:
+        while True:
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    alive = await conn.fetchval(
+                        "SELECT count(*) FROM workers WHERE stopped_at IS NULL "
+                        "AND heartbeat_at > now() - interval '60 seconds'"
+                    )
+                    if alive >= workers:
+                        return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API or the workers did not become ready in time")
+            await asyncio.sleep(0.1)
+
+
+async def _start_latency(client: httpx.AsyncClient, conn: asyncpg.Connection, run: str,
+                         samples: int) -> list[float]:
+    ids = []
+    for i in range(samples):
+        eid = f"{run}-lat-{i}"
+        r = await client.post("/v1/executions", json={"workflowId": WORKFLOW, "executionId": eid,
+                                                       "params": {"n": i}})
+        r.raise_for_status()
+        ids.append(eid)
+        deadline = time.monotonic() + 10
+        while not await conn.fetchval(
+            "SELECT true FROM execution_steps WHERE execution_id = $1 AND step_key = 'one'", eid
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{eid} did not start within 10 s")
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.05)  # let the workers go idle again
+    rows = await conn.fetch(
+        """
+        SELECT extract(epoch FROM s.recorded_at - e.admitted_at) * 1000 AS ms
+        FROM executions e JOIN execution_steps s
+          ON s.execution_id = e.execution_id AND s.step_key = 'one'
+        WHERE e.execution_id = ANY($1::text[])
+        """,
+        ids,
+    )
+    return [float(r["ms"]) for r in rows]
+
+
+async def _throughput(base: str, conn: asyncpg.Connection, run: str, n: int,
+                      clients: int) -> dict:
+    latencies: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            t = time.perf_counter()
+            r = await client.post("/v1/executions", json={
+                "workflowId": WORKFLOW, "executionId": f"{run}-{i}", "params": {"n": i}})
+            latencies.append((time.perf_counter() - t) * 1000)
+            if r.status_code != 201:
+                raise RuntimeError(f"admission failed: {r.status_code} {r.text}")
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+        admit_seconds = time.perf_counter() - t0
+    deadline = time.monotonic() + max(120, n / 20)
+    pattern = f"{run}-%"
+    while True:
+        done = await conn.fetchval(
+            "SELECT count(*) FROM executions WHERE execution_id LIKE $1 "
+            "AND execution_id NOT LIKE $2 AND status = 'completed'",
+            pattern, f"{run}-lat-%",
+        )
+        if done >= n:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {done} of {n} executions completed in time")
+        await asyncio.sleep(0.1)
+    span = await conn.fetchval(
+        "SELECT extract(epoch FROM max(updated_at) - min(admitted_at)) FROM executions "
+        "WHERE execution_id LIKE $1 AND execution_id NOT LIKE $2",
+        pattern, f"{run}-lat-%",
+    )
+    return {
+        "admissions_per_second": n / admit_seconds,
+        "executions_per_second": n / float(span),
+        "admission_latency_p50_ms": _percentile(latencies, 0.5),
+        "admission_latency_p99_ms": _percentile(latencies, 0.99),
+        "wall_seconds": float(span),
+    }
+
+
+async def _commits(conn: asyncpg.Connection) -> int:
+    await asyncio.sleep(1.2)  # backends flush their statistics about once a second
+    return await conn.fetchval(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    )
+
+
+async def _measure(url: str, base: str, args: argparse.Namespace) -> dict:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await _wait_ready(base, conn, args.workers)
+        run = f"bench-{uuid.uuid4().hex[:8]}"
+        async with httpx.AsyncClient(base_url=base) as client:
+            latency = await _start_latency(client, conn, run, args.latency_samples)
+        commits_before = await _commits(conn)
+        result = await _throughput(base, conn, run, args.executions, args.clients)
+        commits = await _commits(conn) - commits_before
+        result.update({
+            "start_latency_p50_ms": _percentile(latency, 0.5),
+            "start_latency_p99_ms": _percentile(latency, 0.99),
+            "commits_per_execution": commits / args.executions,
+        })
+        return result
+    finally:
+        await conn.close()
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from app.migrate import upgrade
+
+    if args.executions < 1 or args.workers < 1 or args.concurrency < 1 or args.clients < 1:
+        print("error: --executions, --workers, --concurrency and --clients must be positive")
+        return 2
+    server = None
+    url = settings.database_url
+    if not url:
+        from app.embedded import start_embedded_postgres
+
+        data_dir = Path(tempfile.mkdtemp(prefix="fencepost-bench-"))
+        server = start_embedded_postgres(data_dir / "pg")
+        url = server.url
+    asyncio.run(upgrade(url))
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {"FENCEPOST_WORKFLOWS": "app.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
+    children = spawn_children(url, host="127.0.0.1", port=port, workers=args.workers,
+                              concurrency=args.concurrency, env_extra=env, log_level="warning",
+                              stderr=devnull)
+    try:
+        result = asyncio.run(_measure(url, base, args))
+    finally:
+        stop_children(children)
+        devnull.close()
+        if server is not None:
+            server.stop()
+    line = {
+        "benchmark": "fencepost",
+        "executions": args.executions,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "clients": args.clients,
+        "steps_per_execution": 3,
+        "database": "embedded" if server is not None else "DATABASE_URL",
+        "lease_seconds": settings.lease_seconds,
+        "renew_seconds": settings.renew_seconds,
+        "cpus": os.cpu_count(),
+        **{k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()},
+    }
+    print(json.dumps(line, sort_keys=False))
+    return 0
+

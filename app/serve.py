@@ -1,0 +1,74 @@
+"""`fencepost api` and `fencepost worker`: the two long-running processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from app.settings import Settings
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def configure_api(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--workflows", help="comma-separated workflow modules (FENCEPOST_WORKFLOWS)")
+    p.add_argument("--log-level", default="info")
+
+
+def run_api(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from app.api.app import create_app
+
+    if args.workflows is not None:
+        settings = settings.model_copy(update={"workflows": args.workflows})
+    configure_logging(args.log_level)
+    app = create_app(settings)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, lifespan="on")
+    return 0
+
+
+def configure_worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", type=int, default=10,
+                   help="most deliveries this worker runs at once (default 10)")
+    p.add_argument("--workflows", help="comma-separated workflow modules (FENCEPOST_WORKFLOWS)")
+    p.add_argument("--worker-id", help="a stable name for this worker (default host:pid:random)")
+    p.add_argument("--log-level", default="info")
+
+
+def run_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from app.registry import load_workflows
+    from app.worker import Worker
+
+    if args.workflows is not None:
+        settings = settings.model_copy(update={"workflows": args.workflows})
+    configure_logging(args.log_level)
+    if not settings.workflow_modules:
+        print("error: name the workflow modules: --workflows or FENCEPOST_WORKFLOWS", file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    workflows = load_workflows(settings.workflow_modules)
+    if not workflows:
+        print(f"error: modules {settings.workflow_modules} register no workflow", file=sys.stderr)
+        return 2
+    worker = Worker(settings, workflows, concurrency=args.concurrency, worker_id=args.worker_id)
+
+    async def main() -> None:
+        worker.install_signal_handlers()
+        await worker.run()
+
+    asyncio.run(main())
+    return 0
