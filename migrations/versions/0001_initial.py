@@ -1,12 +1,12 @@
 """execution record, steps, events, late observations
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29 09:24:42.357511
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0001'
