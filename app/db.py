@@ -35,6 +35,11 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool connections carry no session state of ours (no LISTEN, no advisory
+    locks, no prepared cursors), so the default reset round trip is skipped."""
+
+
 async def create_pool(settings: Settings, *, min_size: int | None = None, max_size: int | None = None,
                       application_name: str = "fencepost") -> asyncpg.Pool:
     if not settings.database_url:
@@ -46,6 +51,7 @@ async def create_pool(settings: Settings, *, min_size: int | None = None, max_si
         timeout=settings.connect_timeout_seconds,
         command_timeout=settings.statement_timeout_seconds + 5,
         init=_init_connection,
+        reset=_keep_session,
         server_settings={
             "application_name": application_name,
             "statement_timeout": str(int(settings.statement_timeout_seconds * 1000)),

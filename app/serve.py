@@ -70,5 +70,10 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
         worker.install_signal_handlers()
         await worker.run()
 
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:  # optional: uvicorn[standard] brings it
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
     return 0

@@ -197,10 +197,10 @@ class Worker:
                     deliveries = await self.store.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids
                     )
-                    steps = (
-                        await self.store.steps([d.lease.execution_id for d in deliveries])
-                        if deliveries else {}
-                    )
+                    # Token 1 is the first claim ever: no holder can have
+                    # recorded a step yet, so there is nothing to prefetch.
+                    replays = [d.lease.execution_id for d in deliveries if d.lease.token > 1]
+                    steps = await self.store.steps(replays) if replays else {}
                     backoff.reset()
                 except INFRASTRUCTURE_ERRORS as exc:
                     delay = backoff.next()

@@ -10,11 +10,12 @@ from app.settings import Settings
 from app.store import ExecutionStore
 
 
-def _store(request: Request) -> ExecutionStore:
+# async: FastAPI runs sync dependencies in a thread pool, a cost on every request.
+async def _store(request: Request) -> ExecutionStore:
     return request.app.state.store
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
