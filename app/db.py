@@ -3,7 +3,6 @@ SQLAlchemy/alembic (which reach Postgres through the same asyncpg driver)."""
 
 from __future__ import annotations
 
-import functools
 import json
 
 import asyncpg
@@ -26,8 +25,35 @@ def asyncpg_dsn(url: str) -> str:
     return url
 
 
-# NaN and Infinity are refused here rather than stored as text jsonb cannot parse.
-_encode_json = functools.partial(json.dumps, allow_nan=False, separators=(",", ":"))
+def _exponent_float(value) -> float | None:
+    """The first float whose jsonb copy would read back as an int (1e+23 is
+    stored as the exact decimal 100000000000000000000000), if any."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and "e+" in repr(item):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+def _encode_json(value) -> str:
+    """JSON for jsonb, refusing what would not come back exactly: NaN and
+    Infinity (allow_nan=False), lone surrogates (ensure_ascii=False leaves them
+    raw, and they cannot be encoded as UTF-8), large floats written with an
+    exponent (jsonb would return them as integers)."""
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    if "e+" in text:  # cheap filter; the walk runs only when a string or float has it
+        found = _exponent_float(value)
+        if found is not None:
+            raise ValueError(
+                f"the number {found!r} would be stored as an integer; send it as a string "
+                "or an integer"
+            )
+    return text
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

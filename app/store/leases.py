@@ -11,6 +11,7 @@ from app.store.types import (
     NOTIFY_CHANNEL,
     Acknowledged,
     Delivery,
+    InvalidEvent,
     Lease,
     LeaseLost,
     ReapResult,
@@ -218,42 +219,46 @@ class LeaseStatements:
             outcome = None
         else:
             raise ValueError(f"cannot acknowledge status {status!r}")
-        row = await self.pool.fetchrow(
-            f"""
-            WITH a AS (
-                -- The UPDATE locks the row, so the token check and the write
-                -- are one step: no claim can land between them.
-                UPDATE executions
-                SET status = $3,
-                    outcome = $4,
-                    ever_suspended = ever_suspended OR $3 = 'suspended',
-                    due_at = CASE WHEN $3 = 'suspended' THEN due_at END,
-                    covered_due_at = NULL,
-                    lease_owner = NULL,
-                    lease_expires_at = NULL,
-                    unacknowledged_deliveries = 0,
-                    last_unacknowledged_at = NULL,
-                    redeliver_after = NULL,
-                    updated_at = now()
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                RETURNING execution_id, token, status, outcome, due_at
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'acknowledged', token,
-                       jsonb_strip_nulls(jsonb_build_object('status', status,
-                                                            'traceback', $5::text))
+        try:
+            row = await self.pool.fetchrow(
+                f"""
+                WITH a AS (
+                    -- The UPDATE locks the row, so the token check and the write
+                    -- are one step: no claim can land between them.
+                    UPDATE executions
+                    SET status = $3,
+                        outcome = $4,
+                        ever_suspended = ever_suspended OR $3 = 'suspended',
+                        due_at = CASE WHEN $3 = 'suspended' THEN due_at END,
+                        covered_due_at = NULL,
+                        lease_owner = NULL,
+                        lease_expires_at = NULL,
+                        unacknowledged_deliveries = 0,
+                        last_unacknowledged_at = NULL,
+                        redeliver_after = NULL,
+                        updated_at = now()
+                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    RETURNING execution_id, token, status, outcome, due_at
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT execution_id, 'acknowledged', token,
+                           jsonb_strip_nulls(jsonb_build_object('status', status,
+                                                                'traceback', $5::text))
+                    FROM a
+                )
+                SELECT status, outcome,
+                       CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
                 FROM a
+                """,
+                lease.execution_id,
+                lease.token,
+                status,
+                outcome,
+                traceback,
             )
-            SELECT status, outcome,
-                   CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
-            FROM a
-            """,
-            lease.execution_id,
-            lease.token,
-            status,
-            outcome,
-            traceback,
-        )
+        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            # A result or error Postgres cannot store exactly: nothing written.
+            raise InvalidEvent(str(exc)) from exc
         if row is not None:
             return Acknowledged(row["status"], row["outcome"])
         current = await self.pool.fetchrow(

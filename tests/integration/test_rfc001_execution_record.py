@@ -280,22 +280,10 @@ async def test_admission_receives_a_value_that_cannot_round_trip(store, pool, wh
         pytest.param(
             "\ud83d\ude00",
             id="surrogate-pair-as-two-code-points",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="store bug: app/db.py's jsonb encoder (json.dumps, ensure_ascii=True) writes "
-                "the two surrogate code points as \\ud83d\\ude00, which jsonb joins into one "
-                "character U+1F600; admit stores a different string instead of raising InvalidEvent",
-            ),
         ),
         pytest.param(
             1e23,
             id="float-with-exponent",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="store bug: jsonb keeps numbers as numeric and prints 1e+23 as "
-                "100000000000000000000000; the json.loads decoder returns int 10**23, which is "
-                "not the float 1e23 that was admitted, and nothing rejects the lossy copy",
-            ),
         ),
     ],
 )

@@ -495,17 +495,6 @@ async def test_acknowledging_an_unstorable_result_changes_nothing(store, bad):
     assert (await store.acknowledge(d.lease, "completed", result="ok")).status == "completed"
 
 
-ACK_BUG = (
-    "store bug: LeaseStatements.acknowledge does not wrap encoder/jsonb errors, so an "
-    "unstorable result or error raises asyncpg.DataError (or its subclasses "
-    "UntranslatableCharacterError / InvalidTextRepresentationError) instead of InvalidEvent "
-    "as admit and write_step do; the worker's `except InvalidEvent` fallback (fail with "
-    "ResultNotJSON) never runs and the delivery dies unacknowledged, so it is redelivered "
-    "with the same result again and again"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ACK_BUG)
 @pytest.mark.parametrize(
     "outcome",
     [
