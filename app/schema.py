@@ -68,6 +68,10 @@ executions = Table(
     Column("parked_reason", Text, nullable=True),
     Column("parked_step", Text, nullable=True),
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
+    Column("cancel_requested_by", Text, nullable=True),
+    # What the latest suspended acknowledgement waits for: {"sleep": key} or
+    # {"signal": name}; read by blockedBy.
+    Column("waiting_on", JSONB, nullable=True),
     Column("deadline", DateTime(timezone=True), nullable=True),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status_known"
@@ -94,6 +98,12 @@ Index(
     "ix_executions_lease_expiry",
     executions.c.lease_expires_at,
     postgresql_where=text("status = 'running'"),
+)
+# The deadline sweep reads only unheld, unfinished executions with a deadline.
+Index(
+    "ix_executions_deadline",
+    executions.c.deadline,
+    postgresql_where=text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"),
 )
 # Operator listing: newest first per status, and the counter filter.
 Index("ix_executions_status_admitted", executions.c.status, executions.c.admitted_at)
@@ -189,4 +199,29 @@ workers = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("stopped_at", DateTime(timezone=True), nullable=True),
+)
+
+# An external call's attempt, persisted before the call is made, so a later
+# delivery that finds it without a recorded step knows the outcome is in doubt.
+effects = Table(
+    "effects",
+    metadata,
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("step_key", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("function_name", Text, nullable=True),
+    # started: attempt made, result not yet recorded; outcome_unknown: parked
+    # for an operator; retry: an operator allowed one more call.
+    Column("status", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("1")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("execution_id", "step_key"),
+    CheckConstraint("status IN ('started', 'outcome_unknown', 'retry')", name="status_known"),
 )

@@ -19,7 +19,10 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.admission import AdmissionStatements
+from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
+from app.store.operator import OperatorStatements
+from app.store.policy import PolicyStatements
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
 from app.store.types import *  # noqa: F403
@@ -28,7 +31,14 @@ from app.store.workers import WorkerStatements
 
 
 class ExecutionStore(
-    AdmissionStatements, LeaseStatements, StepStatements, SignalStatements, WorkerStatements
+    AdmissionStatements,
+    LeaseStatements,
+    PolicyStatements,
+    StepStatements,
+    EffectStatements,
+    SignalStatements,
+    OperatorStatements,
+    WorkerStatements,
 ):
     def __init__(
         self,
@@ -36,10 +46,12 @@ class ExecutionStore(
         *,
         redelivery_base_seconds: float = 1.0,
         redelivery_cap_seconds: float = 300.0,
+        max_unacknowledged_deliveries: int = 25,
     ):
         self.pool = pool
         self.redelivery_base = float(redelivery_base_seconds)
         self.redelivery_cap = float(redelivery_cap_seconds)
+        self.max_unacknowledged = int(max_unacknowledged_deliveries)
 
     @classmethod
     def from_settings(cls, pool: asyncpg.Pool, settings) -> ExecutionStore:
@@ -47,5 +59,6 @@ class ExecutionStore(
             pool,
             redelivery_base_seconds=settings.redelivery_base_seconds,
             redelivery_cap_seconds=settings.redelivery_cap_seconds,
+            max_unacknowledged_deliveries=settings.max_unacknowledged_deliveries,
         )
 

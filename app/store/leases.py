@@ -7,6 +7,7 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES
+from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.types import (
     NOTIFY_CHANNEL,
     Acknowledged,
@@ -22,6 +23,7 @@ class LeaseStatements:
     pool: asyncpg.Pool
     redelivery_base: float
     redelivery_cap: float
+    max_unacknowledged: int
 
     # --------------------------------------------------------------------- leases
 
@@ -48,6 +50,8 @@ class LeaseStatements:
                 WHERE status IN ('admitted', 'suspended') AND due_at <= now()
                   AND (redeliver_after IS NULL OR redeliver_after <= now())
                   AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
+                  -- Cancelled and timed-out ends are the reaper's to write.
+                  AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
                 ORDER BY due_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED
@@ -59,6 +63,10 @@ class LeaseStatements:
                   AND lease_expires_at
                       + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $4, $5) <= now()
                   AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
+                  -- Left to the reaper: cancel, deadline, and the delivery
+                  -- that would reach the poison threshold.
+                  AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
+                  AND unacknowledged_deliveries + 1 < $7
                 ORDER BY lease_expires_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED
@@ -106,6 +114,7 @@ class LeaseStatements:
             self.redelivery_base,
             self.redelivery_cap,
             workflow_ids,
+            self.max_unacknowledged,
         )
         return [
             Delivery(
@@ -123,11 +132,21 @@ class LeaseStatements:
             for r in rows
         ]
 
-    async def renew(self, leases: list[Lease], duration: float) -> tuple[list[Lease], list[Lease]]:
+    async def renew(
+        self, leases: list[Lease], duration: float
+    ) -> tuple[list[Lease], list[Lease]]:
         """Extend every lease that is still current, in one statement.
-        Returns (renewed, lost); a lost lease must stop its delivery."""
+        Returns (renewed, lost); a lost lease must stop its delivery.
+        `interrupts` (see renew_with_interrupts) says which renewed leases
+        should stop at their next step: cancel requested, deadline passed."""
+        renewed, lost, _ = await self.renew_with_interrupts(leases, duration)
+        return renewed, lost
+
+    async def renew_with_interrupts(
+        self, leases: list[Lease], duration: float
+    ) -> tuple[list[Lease], list[Lease], dict[str, str]]:
         if not leases:
-            return [], []
+            return [], [], {}
         rows = await self.pool.fetch(
             """
             WITH held AS (
@@ -140,7 +159,9 @@ class LeaseStatements:
                 -- or the reaper; UPDATE's row lock makes check and write one.
                 WHERE e.execution_id = h.execution_id AND e.token = h.token
                   AND e.status = 'running'
-                RETURNING e.execution_id, e.token, e.lease_expires_at
+                RETURNING e.execution_id, e.token, e.lease_expires_at,
+                          CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
+                               WHEN e.deadline <= now() THEN 'deadline' END AS interrupt
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token)
                 SELECT h.execution_id, 'renewal_lost', h.token FROM held h
@@ -153,6 +174,7 @@ class LeaseStatements:
             float(duration),
         )
         expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"] for r in rows}
+        interrupts = {r["execution_id"]: r["interrupt"] for r in rows if r["interrupt"]}
         renewed, lost = [], []
         for lease in leases:
             key = (lease.execution_id, lease.token)
@@ -160,60 +182,69 @@ class LeaseStatements:
                 renewed.append(Lease(lease.execution_id, lease.token, expiry[key], lease.owner))
             else:
                 lost.append(lease)
-        return renewed, lost
+        return renewed, lost, interrupts
 
     async def release(self, lease: Lease) -> None:
         """End the lease without an outcome: an unacknowledged delivery. The
-        covered wakes stay pending and the redelivery delay starts now."""
-        row = await self.pool.fetchrow(
-            """
-            WITH r AS (
-                UPDATE executions
-                SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                    unacknowledged_deliveries = unacknowledged_deliveries + 1,
-                    last_unacknowledged_at = now(),
-                    redeliver_after = now()
-                        + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $3, $4),
-                    due_at = least(due_at, covered_due_at),
-                    covered_due_at = NULL,
-                    lease_owner = NULL,
-                    lease_expires_at = NULL,
-                    updated_at = now()
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'released', token,
-                       jsonb_build_object('unacknowledgedDeliveries', unacknowledged_deliveries,
-                                          'redeliverAfter', redeliver_after)
-                FROM r
+        covered wakes stay pending and the redelivery delay starts now; a
+        pending cancel, a deadline the redelivery would pass, or the poison
+        threshold end it instead, in the same transaction."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                """
+                WITH r AS (
+                    UPDATE executions
+                    SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                        unacknowledged_deliveries = unacknowledged_deliveries + 1,
+                        last_unacknowledged_at = now(),
+                        redeliver_after = now()
+                            + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $3, $4),
+                        due_at = least(due_at, covered_due_at),
+                        covered_due_at = NULL,
+                        lease_owner = NULL,
+                        lease_expires_at = NULL,
+                        updated_at = now()
+                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT execution_id, 'released', token,
+                           jsonb_build_object('unacknowledgedDeliveries', unacknowledged_deliveries,
+                                              'redeliverAfter', redeliver_after)
+                    FROM r
+                )
+                SELECT * FROM r
+                """,
+                lease.execution_id,
+                lease.token,
+                self.redelivery_base,
+                self.redelivery_cap,
             )
-            SELECT * FROM r
-            """,
-            lease.execution_id,
-            lease.token,
-            self.redelivery_base,
-            self.redelivery_cap,
-        )
-        if row is None:
-            raise LeaseLost(lease.execution_id, lease.token)
+            if row is None:
+                raise LeaseLost(lease.execution_id, lease.token)
+            await self._settle(conn, [lease.execution_id])
 
     async def acknowledge(
         self,
         lease: Lease,
-        status: Literal["suspended", "completed", "failed"],
+        status: Literal["suspended", "completed", "failed", "cancelled", "timed_out"],
         *,
         result: Any = None,
         error: dict | None = None,
         traceback: str | None = None,
+        waiting_on: dict | None = None,
     ) -> Acknowledged:
         """End the delivery with an outcome. Stale token → LeaseLost, nothing
         changes. Current token on a terminal record → the recorded outcome.
         Terminal outcomes are immutable; acknowledging clears the covered
-        wakes, keeps later ones (suspended) and resets the counter."""
+        wakes, keeps later ones (suspended) and resets the counter.
+
+        A pending cancel request wins over anything the holder reports (once
+        requested, `completed` is never recorded), and a passed deadline turns
+        the acknowledgement into `timed_out`."""
         if status == "completed":
             outcome: dict | None = {"result": result}
-        elif status == "failed":
+        elif status in ("failed", "cancelled", "timed_out"):
             outcome = {"error": error or {"name": "Error", "message": ""}}
         elif status == "suspended":
             outcome = None
@@ -225,11 +256,21 @@ class LeaseStatements:
                 WITH a AS (
                     -- The UPDATE locks the row, so the token check and the write
                     -- are one step: no claim can land between them.
-                    UPDATE executions
-                    SET status = $3,
-                        outcome = $4,
-                        ever_suspended = ever_suspended OR $3 = 'suspended',
-                        due_at = CASE WHEN $3 = 'suspended' THEN due_at END,
+                    UPDATE executions e
+                    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                                      WHEN e.deadline <= now() AND $3 <> 'cancelled'
+                                      THEN 'timed_out'
+                                      ELSE $3 END,
+                        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL
+                                       THEN {CANCELLED_OUTCOME}
+                                       WHEN e.deadline <= now() AND $3 <> 'cancelled'
+                                       THEN {TIMED_OUT_OUTCOME}
+                                       ELSE $4 END,
+                        ever_suspended = e.ever_suspended OR $3 = 'suspended',
+                        waiting_on = CASE WHEN $3 = 'suspended' THEN $6::jsonb END,
+                        due_at = CASE WHEN $3 = 'suspended' AND e.cancel_requested_at IS NULL
+                                       AND (e.deadline IS NULL OR e.deadline > now())
+                                      THEN e.due_at END,
                         covered_due_at = NULL,
                         lease_owner = NULL,
                         lease_expires_at = NULL,
@@ -237,14 +278,17 @@ class LeaseStatements:
                         last_unacknowledged_at = NULL,
                         redeliver_after = NULL,
                         updated_at = now()
-                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                    RETURNING execution_id, token, status, outcome, due_at
+                    WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
+                    RETURNING e.execution_id, e.token, e.status, e.outcome, e.due_at
                 ), ev AS (
                     INSERT INTO execution_events (execution_id, kind, token, detail)
                     SELECT execution_id, 'acknowledged', token,
-                           jsonb_strip_nulls(jsonb_build_object('status', status,
-                                                                'traceback', $5::text))
+                           jsonb_strip_nulls(jsonb_build_object(
+                               'status', status, 'reported', $3::text, 'traceback', $5::text))
                     FROM a
+                    UNION ALL
+                    SELECT execution_id, status, token, NULL FROM a
+                    WHERE status IN ('cancelled', 'timed_out')
                 )
                 SELECT status, outcome,
                        CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
@@ -255,6 +299,7 @@ class LeaseStatements:
                 status,
                 outcome,
                 traceback,
+                waiting_on,
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             # A result or error Postgres cannot store exactly: nothing written.
@@ -273,46 +318,48 @@ class LeaseStatements:
             return Acknowledged(current["status"], current["outcome"])
         raise LeaseLost(lease.execution_id, lease.token)
 
-
     # -------------------------------------------------------------------- reaper
 
     async def reap_expired(self, limit: int = 500) -> ReapResult:
         """End expired leases: status back to suspended/admitted, counter +1,
-        covered wakes pending again, redelivery delay counted from the expiry."""
-        rows = await self.pool.fetch(
-            """
-            WITH expired AS (
-                SELECT execution_id, lease_owner AS old_owner FROM executions
-                WHERE status = 'running' AND lease_expires_at <= now()
-                ORDER BY lease_expires_at
-                LIMIT $1
-                FOR UPDATE SKIP LOCKED
-            ), r AS (
-                UPDATE executions e
-                SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                    unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
-                    last_unacknowledged_at = e.lease_expires_at,
-                    redeliver_after = e.lease_expires_at
-                        + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $2, $3),
-                    due_at = least(e.due_at, e.covered_due_at),
-                    covered_due_at = NULL,
-                    lease_owner = NULL,
-                    lease_expires_at = NULL,
-                    updated_at = now()
-                FROM expired x
-                WHERE e.execution_id = x.execution_id
-                RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'lease_expired', token,
-                       jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
-                FROM r
+        covered wakes pending again, redelivery delay counted from the expiry;
+        then, in the same transaction, cancel / time out / park as the rules say."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                WITH expired AS (
+                    SELECT execution_id, lease_owner AS old_owner FROM executions
+                    WHERE status = 'running' AND lease_expires_at <= now()
+                    ORDER BY lease_expires_at
+                    LIMIT $1
+                    FOR UPDATE SKIP LOCKED
+                ), r AS (
+                    UPDATE executions e
+                    SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                        unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
+                        last_unacknowledged_at = e.lease_expires_at,
+                        redeliver_after = e.lease_expires_at
+                            + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $2, $3),
+                        due_at = least(e.due_at, e.covered_due_at),
+                        covered_due_at = NULL,
+                        lease_owner = NULL,
+                        lease_expires_at = NULL,
+                        updated_at = now()
+                    FROM expired x
+                    WHERE e.execution_id = x.execution_id
+                    RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT execution_id, 'lease_expired', token,
+                           jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
+                    FROM r
+                )
+                SELECT execution_id FROM r
+                """,
+                limit,
+                self.redelivery_base,
+                self.redelivery_cap,
             )
-            SELECT execution_id FROM r
-            """,
-            limit,
-            self.redelivery_base,
-            self.redelivery_cap,
-        )
-        ids = [r["execution_id"] for r in rows]
+            ids = [r["execution_id"] for r in rows]
+            await self._settle(conn, ids)
         return ReapResult(len(ids), ids)

@@ -8,6 +8,7 @@ import asyncpg
 
 from app.store.types import (
     _TERMINAL_SQL,
+    INTERRUPT_SQL,
     NOTIFY_CHANNEL,
     InvalidEvent,
     Lease,
@@ -71,9 +72,9 @@ class SignalStatements:
         or neither. Returns the step (already recorded: the recorded one), or
         None when no such signal is pending."""
         row = await self.pool.fetchrow(
-            """
+            f"""
             WITH fence AS (
-                SELECT execution_id FROM executions
+                SELECT execution_id, {INTERRUPT_SQL} FROM executions
                 WHERE execution_id = $1 AND token = $2 AND status = 'running'
                 FOR SHARE
             ), recorded AS (
@@ -102,7 +103,7 @@ class SignalStatements:
                                           'signalId', signal_id)
                 FROM taken
             )
-            SELECT (SELECT count(*) FROM fence) AS fenced,
+            SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt,
                    (SELECT count(*) FROM recorded) AS already, ins.*
             FROM (SELECT 1) AS one LEFT JOIN ins ON true
             """,
@@ -115,7 +116,7 @@ class SignalStatements:
             await self._fenced_write_rejected(lease, step_key)
             raise LeaseLost(lease.execution_id, lease.token)
         if row["step_key"] is not None:
-            return _step(row)
+            return _step(row, row["interrupt"])
         if row["already"]:
             existing = await self.pool.fetchrow(
                 """
@@ -126,5 +127,5 @@ class SignalStatements:
                 lease.execution_id,
                 step_key,
             )
-            return _step(existing)
+            return _step(existing, row["interrupt"])
         return None

@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from app.store.types import (
+    INTERRUPT_SQL,
     InvalidEvent,
     Lease,
     LeaseLost,
@@ -45,9 +46,9 @@ class StepStatements:
         status = "failed" if error is not None else "completed"
         try:
             row = await self.pool.fetchrow(
-                """
+                f"""
                 WITH fence AS (
-                    SELECT execution_id FROM executions
+                    SELECT execution_id, {INTERRUPT_SQL} FROM executions
                     WHERE execution_id = $1 AND token = $2 AND status = 'running'
                     FOR SHARE
                 ), ins AS (
@@ -64,7 +65,7 @@ class StepStatements:
                            jsonb_build_object('stepKey', $3::text, 'status', $4::text)
                     FROM ins
                 )
-                SELECT (SELECT count(*) FROM fence) AS fenced, ins.*
+                SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt, ins.*
                 FROM (SELECT 1) AS one LEFT JOIN ins ON true
                 """,
                 lease.execution_id,
@@ -82,7 +83,7 @@ class StepStatements:
             await self._fenced_write_rejected(lease, step_key)
             raise LeaseLost(lease.execution_id, lease.token)
         if row["step_key"] is not None:
-            return _step(row)
+            return _step(row, row["interrupt"])
         # Already recorded (by this holder or an earlier one): the recorded
         # value stands and is returned unchanged.
         existing = await self.pool.fetchrow(
@@ -93,7 +94,7 @@ class StepStatements:
             lease.execution_id,
             step_key,
         )
-        return _step(existing)
+        return _step(existing, row["interrupt"])
 
     async def record_late_observation(
         self,
@@ -137,15 +138,16 @@ class StepStatements:
         *,
         delay_seconds: float | None = None,
         until: datetime | None = None,
-    ) -> tuple[datetime, datetime]:
+    ) -> tuple[datetime, datetime, str | None]:
         """Record a durable timer as a fenced step whose value is the wake time,
         computed from the database clock (`now() + delay`) or given (`until`).
-        An already-recorded timer keeps its time. Returns (wake_at, db_now)."""
+        An already-recorded timer keeps its time. Returns (wake_at, db_now,
+        interrupt)."""
         row = await self.pool.fetchrow(
-            """
+            f"""
             WITH fence AS (
                 -- Same lock as write_step: no claim between check and insert.
-                SELECT execution_id FROM executions
+                SELECT execution_id, {INTERRUPT_SQL} FROM executions
                 WHERE execution_id = $1 AND token = $2 AND status = 'running'
                 FOR SHARE
             ), ins AS (
@@ -164,7 +166,7 @@ class StepStatements:
                                           'wakeAt', value)
                 FROM ins
             )
-            SELECT (SELECT count(*) FROM fence) AS fenced,
+            SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt,
                    coalesce((SELECT value FROM ins),
                             (SELECT value FROM execution_steps
                              WHERE execution_id = $1 AND step_key = $3)) AS value,
@@ -185,8 +187,8 @@ class StepStatements:
                 lease.execution_id,
                 step_key,
             )
-            return datetime.fromisoformat(existing), row["db_now"]
-        return datetime.fromisoformat(row["value"]), row["db_now"]
+            return datetime.fromisoformat(existing), row["db_now"], row["interrupt"]
+        return datetime.fromisoformat(row["value"]), row["db_now"], row["interrupt"]
 
     async def db_now(self) -> datetime:
         return await self.pool.fetchval("SELECT now()")

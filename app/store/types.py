@@ -76,6 +76,9 @@ class StepRecord:
     attempts: int
     token: int
     recorded_at: datetime
+    # Set on a fenced write's answer when the holder should stop at this step:
+    # "cancel" (a cancel was requested) or "deadline" (the deadline passed).
+    interrupt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ _TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
 _RECORD_COLUMNS = """
     execution_id, workflow_id, params, context, code_version, outcome,
     admitted_at, updated_at, token, deadline, cancel_requested_at,
-    parked_reason, parked_step, ever_suspended,
+    parked_reason, parked_step, ever_suspended, waiting_on, cancel_requested_by,
     (status = 'running' AND lease_expires_at <= now()) AS lease_expired,
     CASE WHEN status = 'running' AND lease_expires_at <= now()
          THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END
@@ -138,7 +141,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError("cursor is not one this server issued") from exc
 
 
-def _step(row: asyncpg.Record) -> StepRecord:
+# Selected by every fence: tells the current holder to stop at this step.
+INTERRUPT_SQL = (
+    "CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel' "
+    "WHEN deadline <= now() THEN 'deadline' END AS interrupt"
+)
+
+
+def _step(row: asyncpg.Record, interrupt: str | None = None) -> StepRecord:
     return StepRecord(
         step_key=row["step_key"],
         status=row["status"],
@@ -148,4 +158,5 @@ def _step(row: asyncpg.Record) -> StepRecord:
         attempts=row["attempts"],
         token=row["token"],
         recorded_at=row["recorded_at"],
+        interrupt=interrupt,
     )

@@ -60,12 +60,15 @@ def upgrade() -> None:
     sa.Column('parked_reason', sa.Text(), nullable=True),
     sa.Column('parked_step', sa.Text(), nullable=True),
     sa.Column('cancel_requested_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('cancel_requested_by', sa.Text(), nullable=True),
+    sa.Column('waiting_on', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('deadline', sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("(status = 'running') = (lease_expires_at IS NOT NULL)", name=op.f('ck_executions_lease_iff_running')),
     sa.CheckConstraint("(status IN ('completed', 'failed', 'cancelled', 'timed_out')) = (outcome IS NOT NULL)", name=op.f('ck_executions_outcome_iff_terminal')),
     sa.CheckConstraint("status IN ('admitted', 'running', 'suspended', 'parked', 'completed', 'failed', 'cancelled', 'timed_out')", name=op.f('ck_executions_status_known')),
     sa.PrimaryKeyConstraint('execution_id', name=op.f('pk_executions'))
     )
+    op.create_index('ix_executions_deadline', 'executions', ['deadline'], unique=False, postgresql_where=sa.text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"))
     op.create_index('ix_executions_due', 'executions', ['due_at'], unique=False, postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
     op.create_index('ix_executions_lease_expiry', 'executions', ['lease_expires_at'], unique=False, postgresql_where=sa.text("status = 'running'"))
     op.create_index('ix_executions_status_admitted', 'executions', ['status', 'admitted_at'], unique=False)
@@ -122,9 +125,24 @@ def upgrade() -> None:
     sa.Column('stopped_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('worker_id', name=op.f('pk_workers'))
     )
+    op.create_table('effects',
+    sa.Column('execution_id', sa.Text(), nullable=False),
+    sa.Column('step_key', sa.Text(), nullable=False),
+    sa.Column('idempotency_key', sa.Text(), nullable=False),
+    sa.Column('function_name', sa.Text(), nullable=True),
+    sa.Column('status', sa.Text(), nullable=False),
+    sa.Column('token', sa.BigInteger(), nullable=False),
+    sa.Column('attempts', sa.Integer(), server_default=sa.text('1'), nullable=False),
+    sa.Column('started_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint("status IN ('started', 'outcome_unknown', 'retry')", name=op.f('ck_effects_status_known')),
+    sa.ForeignKeyConstraint(['execution_id'], ['executions.execution_id'], name=op.f('fk_effects_execution_id'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('execution_id', 'step_key', name=op.f('pk_effects'))
+    )
 
 
 def downgrade() -> None:
+    op.drop_table('effects')
     op.drop_table('workers')
     op.drop_index('ix_signals_pending', table_name='signals', postgresql_where=sa.text('consumed_step IS NULL'))
     op.drop_table('signals')
@@ -135,6 +153,7 @@ def downgrade() -> None:
     op.drop_index('ix_executions_unacknowledged', table_name='executions', postgresql_where=sa.text('unacknowledged_deliveries > 0'))
     op.drop_index('ix_executions_status_admitted', table_name='executions')
     op.drop_index('ix_executions_lease_expiry', table_name='executions', postgresql_where=sa.text("status = 'running'"))
+    op.drop_index('ix_executions_deadline', table_name='executions', postgresql_where=sa.text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"))
     op.drop_index('ix_executions_due', table_name='executions', postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
     op.drop_table('executions')
     op.drop_index('ix_execution_events_execution', table_name='execution_events')

@@ -530,6 +530,19 @@ class CapturingPool:
         self.calls.append((sql, args))
         return []
 
+    # Store methods that run in a transaction take a connection first.
+    def acquire(self):
+        return self
+
+    def transaction(self):
+        return self
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
 
 def plan_nodes(node: dict):
     yield node

@@ -1,0 +1,138 @@
+"""External calls whose outcome must never be guessed: the attempt is
+persisted (with its request identity) before the call, so a delivery that
+finds an attempt without a recorded result knows the outcome is in doubt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from app.store.types import INTERRUPT_SQL, Lease, LeaseLost
+
+
+@dataclass(frozen=True)
+class EffectAttempt:
+    step_key: str
+    idempotency_key: str
+    status: str  # started | outcome_unknown | retry
+    token: int  # the token of the holder that made the latest attempt
+    attempts: int
+    fresh: bool  # True: persisted by this call, nobody has called out yet
+    interrupt: str | None = None
+
+
+class EffectStatements:
+    pool: asyncpg.Pool
+
+    async def begin_effect(
+        self, lease: Lease, step_key: str, *, idempotency_key: str, function_name: str
+    ) -> EffectAttempt:
+        """Persist the attempt before the call (fenced: a stale holder cannot
+        start one), or return the attempt an earlier delivery left behind."""
+        row = await self.pool.fetchrow(
+            f"""
+            WITH fence AS (
+                -- FOR SHARE: no claim can land between the token check and the insert.
+                SELECT execution_id, {INTERRUPT_SQL} FROM executions
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                FOR SHARE
+            ), ins AS (
+                INSERT INTO effects (execution_id, step_key, idempotency_key, function_name,
+                                     status, token)
+                SELECT execution_id, $3, $4, $5, 'started', $2 FROM fence
+                ON CONFLICT (execution_id, step_key) DO NOTHING
+                RETURNING idempotency_key, status, token, attempts
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT $1, 'effect_started', $2,
+                       jsonb_build_object('stepKey', $3::text, 'idempotencyKey', $4::text)
+                FROM ins
+            )
+            SELECT (SELECT count(*) FROM fence) AS fenced,
+                   (SELECT interrupt FROM fence) AS interrupt, ins.*
+            FROM (SELECT 1) AS one LEFT JOIN ins ON true
+            """,
+            lease.execution_id,
+            lease.token,
+            step_key,
+            idempotency_key,
+            function_name,
+        )
+        if not row["fenced"]:
+            await self._fenced_write_rejected(lease, step_key)
+            raise LeaseLost(lease.execution_id, lease.token)
+        if row["status"] is not None:
+            return EffectAttempt(step_key, row["idempotency_key"], row["status"], row["token"],
+                                 row["attempts"], True, row["interrupt"])
+        existing = await self.pool.fetchrow(
+            "SELECT idempotency_key, status, token, attempts FROM effects "
+            "WHERE execution_id = $1 AND step_key = $2",
+            lease.execution_id,
+            step_key,
+        )
+        return EffectAttempt(step_key, existing["idempotency_key"], existing["status"],
+                             existing["token"], existing["attempts"], False, row["interrupt"])
+
+    async def retry_effect(self, lease: Lease, step_key: str) -> None:
+        """Record one more attempt of a begun effect (idempotent call again,
+        reconciled as not found, or retried on an operator's word), fenced."""
+        row = await self.pool.fetchrow(
+            """
+            WITH fence AS (
+                SELECT execution_id FROM executions
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                FOR SHARE
+            ), upd AS (
+                UPDATE effects SET status = 'started', token = $2, attempts = attempts + 1,
+                                   updated_at = now()
+                WHERE execution_id = (SELECT execution_id FROM fence) AND step_key = $3
+                RETURNING attempts
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT $1, 'effect_attempted', $2,
+                       jsonb_build_object('stepKey', $3::text, 'attempt', attempts)
+                FROM upd
+            )
+            SELECT (SELECT count(*) FROM fence) AS fenced
+            """,
+            lease.execution_id,
+            lease.token,
+            step_key,
+        )
+        if not row["fenced"]:
+            await self._fenced_write_rejected(lease, step_key)
+            raise LeaseLost(lease.execution_id, lease.token)
+
+    async def park_outcome_unknown(self, lease: Lease, step_key: str) -> None:
+        """End the delivery by parking the execution: the effect's outcome is
+        unknown and nobody may claim it until an operator resolves the step.
+        Fenced like an acknowledgement (it is one: the counter resets)."""
+        row = await self.pool.fetchrow(
+            """
+            WITH p AS (
+                UPDATE executions
+                SET status = 'parked', parked_reason = 'outcome_unknown', parked_step = $3,
+                    due_at = least(due_at, covered_due_at), covered_due_at = NULL,
+                    lease_owner = NULL, lease_expires_at = NULL,
+                    unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
+                    redeliver_after = NULL, updated_at = now()
+                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                RETURNING execution_id, token
+            ), eff AS (
+                UPDATE effects SET status = 'outcome_unknown', updated_at = now()
+                WHERE execution_id = (SELECT execution_id FROM p) AND step_key = $3
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'parked', token,
+                       jsonb_build_object('reason', 'outcome_unknown', 'stepKey', $3::text)
+                FROM p
+            )
+            SELECT execution_id FROM p
+            """,
+            lease.execution_id,
+            lease.token,
+            step_key,
+        )
+        if row is None:
+            raise LeaseLost(lease.execution_id, lease.token)

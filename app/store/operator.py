@@ -1,0 +1,234 @@
+"""What an operator (or a client) decides from outside: cancel, resolve an
+outcome-unknown step, resume a poison-parked execution. Each decision and
+who made it is written to the history in the same statement."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import asyncpg
+
+from app.store.types import _TERMINAL_SQL, NOTIFY_CHANNEL, InvalidEvent
+
+CancelAnswer = Literal["cancelled", "requested", "terminal", "not_found"]
+ResolveAnswer = Literal["resolved", "not_found", "not_outcome_unknown"]
+ResumeAnswer = Literal["resumed", "not_found", "not_parked"]
+
+
+class OperatorStatements:
+    pool: asyncpg.Pool
+
+    async def request_cancel(self, execution_id: str, by: str) -> tuple[CancelAnswer, str | None]:
+        """Request-first cancellation: the request is persisted (with an event)
+        before anyone acts on it. An execution nobody holds (no live lease) is
+        cancelled at once; a held one keeps running until its holder sees the
+        request at its next fenced write or renewal. Returns (answer, status)."""
+        row = await self.pool.fetchrow(
+            f"""
+            WITH c AS (
+                UPDATE executions e
+                SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
+                    cancel_requested_by = coalesce(e.cancel_requested_by, $2),
+                    status = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
+                                  THEN 'running' ELSE 'cancelled' END,
+                    outcome = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
+                                   THEN NULL
+                                   ELSE jsonb_build_object('error', jsonb_build_object(
+                                       'name', 'Cancelled',
+                                       'message', 'cancelled at the request of '
+                                                  || coalesce(e.cancel_requested_by, $2),
+                                       'requestedAt', coalesce(e.cancel_requested_at, now())))
+                              END,
+                    lease_owner = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
+                                       THEN e.lease_owner END,
+                    lease_expires_at = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
+                                            THEN e.lease_expires_at END,
+                    due_at = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
+                                  THEN e.due_at END,
+                    covered_due_at = CASE WHEN e.status = 'running'
+                                               AND e.lease_expires_at > now()
+                                          THEN e.covered_due_at END,
+                    parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
+                    updated_at = now()
+                WHERE e.execution_id = $1 AND e.status NOT IN {_TERMINAL_SQL}
+                RETURNING e.execution_id, e.token, e.status
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'cancel_requested', token, jsonb_build_object('by', $2::text)
+                FROM c
+                UNION ALL
+                SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
+                FROM c WHERE status = 'cancelled'
+            )
+            SELECT status FROM c
+            """,
+            execution_id,
+            by,
+        )
+        if row is not None:
+            return ("cancelled" if row["status"] == "cancelled" else "requested"), row["status"]
+        status = await self.pool.fetchval(
+            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+        )
+        return ("not_found", None) if status is None else ("terminal", status)
+
+    async def resolve_step(
+        self,
+        execution_id: str,
+        step_key: str,
+        action: Literal["retry", "succeed", "fail"],
+        *,
+        by: str,
+        result: Any = None,
+        error: dict | None = None,
+    ) -> tuple[ResolveAnswer, str | None]:
+        """Settle an outcome-unknown step and make the execution due now.
+        succeed/fail record the step (as the operator says it ended); retry
+        lets the next delivery call out once more with the same request
+        identity. Returns (answer, current status)."""
+        try:
+            row = await self.pool.fetchrow(
+                f"""
+                WITH target AS (
+                    SELECT e.execution_id, e.token, f.function_name
+                    FROM executions e JOIN effects f
+                      ON f.execution_id = e.execution_id AND f.step_key = $2
+                    WHERE e.execution_id = $1 AND e.status = 'parked'
+                      AND e.parked_reason = 'outcome_unknown' AND e.parked_step = $2
+                      AND f.status = 'outcome_unknown'
+                    FOR UPDATE OF e
+                ), step AS (
+                    INSERT INTO execution_steps
+                        (execution_id, step_key, status, value, error, function_name, token)
+                    SELECT execution_id, $2, CASE WHEN $3 = 'succeed' THEN 'completed'
+                                                  ELSE 'failed' END,
+                           CASE WHEN $3 = 'succeed' THEN $4::jsonb END,
+                           CASE WHEN $3 = 'fail' THEN $5::jsonb END, function_name, token
+                    FROM target WHERE $3 IN ('succeed', 'fail')
+                ), eff AS (
+                    UPDATE effects SET status = 'retry', updated_at = now()
+                    WHERE execution_id = (SELECT execution_id FROM target) AND step_key = $2
+                      AND $3 = 'retry'
+                ), effdone AS (
+                    -- The recorded step is now the receipt; the attempt is settled.
+                    DELETE FROM effects
+                    WHERE execution_id = (SELECT execution_id FROM target) AND step_key = $2
+                      AND $3 IN ('succeed', 'fail')
+                ), e AS (
+                    UPDATE executions x
+                    SET status = CASE WHEN x.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                        parked_reason = NULL, parked_step = NULL,
+                        due_at = now(), updated_at = now()
+                    FROM target t WHERE x.execution_id = t.execution_id
+                    RETURNING x.execution_id, x.token, x.status
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT execution_id, 'resolved', token,
+                           jsonb_build_object('stepKey', $2::text, 'action', $3::text,
+                                              'by', $6::text)
+                    FROM e
+                )
+                SELECT status, pg_notify('{NOTIFY_CHANNEL}', '') FROM e
+                """,
+                execution_id,
+                step_key,
+                action,
+                result,
+                error,
+                by,
+            )
+        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            raise InvalidEvent(str(exc)) from exc
+        if row is not None:
+            return "resolved", row["status"]
+        status = await self.pool.fetchval(
+            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+        )
+        return ("not_found", None) if status is None else ("not_outcome_unknown", status)
+
+    async def resume(self, execution_id: str, by: str) -> tuple[ResumeAnswer, str | None]:
+        """Make a poison-parked execution due again; its counter is kept, so
+        one more unacknowledged delivery parks it again."""
+        row = await self.pool.fetchrow(
+            f"""
+            WITH r AS (
+                UPDATE executions
+                SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                    parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
+                    due_at = now(), updated_at = now()
+                WHERE execution_id = $1 AND status = 'parked' AND parked_reason = 'poison'
+                RETURNING execution_id, token, status, unacknowledged_deliveries
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'resumed', token,
+                       jsonb_build_object('by', $2::text,
+                                          'unacknowledgedDeliveries', unacknowledged_deliveries)
+                FROM r
+            )
+            SELECT status, pg_notify('{NOTIFY_CHANNEL}', '') FROM r
+            """,
+            execution_id,
+            by,
+        )
+        if row is not None:
+            return "resumed", row["status"]
+        status = await self.pool.fetchval(
+            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+        )
+        return ("not_found", None) if status is None else ("not_parked", status)
+
+    async def step_details(self, execution_id: str, *, include_values: bool) -> list[dict]:
+        """Recorded steps and effect attempts in doubt, oldest first. Values
+        are loaded only when asked; otherwise their size is reported."""
+        rows = await self.pool.fetch(
+            """
+            SELECT s.step_key, s.status, s.attempts, s.token, s.function_name,
+                   s.recorded_at, NULL::timestamptz AS started_at, NULL::text AS idempotency_key,
+                   CASE WHEN $2 THEN s.value END AS value,
+                   CASE WHEN $2 THEN s.error END AS error,
+                   pg_column_size(s.value) AS value_bytes, s.error ->> 'name' AS error_name
+            FROM execution_steps s WHERE s.execution_id = $1
+            UNION ALL
+            SELECT f.step_key, f.status, f.attempts, f.token, f.function_name,
+                   NULL, f.started_at, f.idempotency_key, NULL, NULL, NULL, NULL
+            FROM effects f
+            WHERE f.execution_id = $1
+              AND NOT EXISTS (SELECT 1 FROM execution_steps s
+                              WHERE s.execution_id = f.execution_id AND s.step_key = f.step_key)
+            ORDER BY recorded_at NULLS LAST, started_at
+            """,
+            execution_id,
+            include_values,
+        )
+        return [dict(r) for r in rows]
+
+    async def events_page(self, execution_id: str, *, after: int, limit: int) -> list[dict]:
+        rows = await self.pool.fetch(
+            """
+            SELECT event_id, at, kind, token, detail FROM execution_events
+            WHERE execution_id = $1 AND event_id > $2 ORDER BY event_id LIMIT $3
+            """,
+            execution_id,
+            after,
+            limit,
+        )
+        return [dict(r) for r in rows]
+
+    async def exists(self, execution_id: str) -> bool:
+        return bool(
+            await self.pool.fetchval(
+                "SELECT true FROM executions WHERE execution_id = $1", execution_id
+            )
+        )
+
+    async def live_workflow_ids(self, stale_after_seconds: float) -> set[str]:
+        """Workflows some live worker advertises (for blockedBy: no-worker)."""
+        rows = await self.pool.fetch(
+            """
+            SELECT DISTINCT jsonb_array_elements_text(workflows) AS workflow_id FROM workers
+            WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)
+            """,
+            float(stale_after_seconds),
+        )
+        return {r["workflow_id"] for r in rows}
+

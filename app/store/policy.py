@@ -1,0 +1,105 @@
+"""What happens to an execution that nobody holds when a rule says it may not
+run again: cancellation requested, deadline passed (or a redelivery that
+would end after it), or too many unacknowledged deliveries in a row (poison).
+
+`settle` runs inside the transaction that ended a lease without an
+acknowledgement (release, reaper), so the record never shows a state in
+which it could be claimed once more. `sweep_deadlines` ends unheld
+executions whose deadline passed while they slept, waited or were parked.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+# Outcomes of the terminal ends no workflow code chose.
+CANCELLED_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
+    'name', 'Cancelled',
+    'message', 'cancelled at the request of ' || coalesce(e.cancel_requested_by, 'an operator'),
+    'requestedAt', e.cancel_requested_at))"""
+TIMED_OUT_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
+    'name', 'DeadlineExceeded',
+    'message', 'the execution''s deadline passed before it finished',
+    'deadline', e.deadline))"""
+
+# A redelivery that would begin after the deadline is not scheduled.
+_PAST_DEADLINE = "e.deadline <= greatest(now(), coalesce(e.redeliver_after, now()))"
+
+_SETTLE = f"""
+WITH target AS (
+    SELECT execution_id FROM executions e
+    WHERE e.execution_id = ANY($1::text[]) AND e.status IN ('admitted', 'suspended')
+      AND (e.cancel_requested_at IS NOT NULL OR {_PAST_DEADLINE}
+           OR e.unacknowledged_deliveries >= $2)
+    FOR UPDATE
+), s AS (
+    UPDATE executions e
+    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN {_PAST_DEADLINE} THEN 'timed_out'
+                      ELSE 'parked' END,
+        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
+                       WHEN {_PAST_DEADLINE} THEN {TIMED_OUT_OUTCOME} END,
+        parked_reason = CASE WHEN e.cancel_requested_at IS NULL AND NOT ({_PAST_DEADLINE})
+                             THEN 'poison' END,
+        parked_step = NULL,
+        -- A parked execution keeps its pending wakes for when it is resumed;
+        -- a terminal one has none.
+        due_at = CASE WHEN e.cancel_requested_at IS NULL AND NOT ({_PAST_DEADLINE})
+                      THEN e.due_at END,
+        redeliver_after = NULL,
+        updated_at = now()
+    FROM target t
+    WHERE e.execution_id = t.execution_id
+    RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries
+), ev AS (
+    INSERT INTO execution_events (execution_id, kind, token, detail)
+    SELECT execution_id, status, token,
+           CASE WHEN status = 'parked'
+                THEN jsonb_build_object('reason', 'poison',
+                                        'unacknowledgedDeliveries', unacknowledged_deliveries)
+           END
+    FROM s
+)
+SELECT execution_id, status FROM s
+"""
+
+_SWEEP_DEADLINES = f"""
+WITH target AS (
+    SELECT execution_id FROM executions
+    WHERE deadline <= now() AND status IN ('admitted', 'suspended', 'parked')
+    ORDER BY deadline
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), s AS (
+    UPDATE executions e
+    SET status = 'timed_out', outcome = {TIMED_OUT_OUTCOME},
+        due_at = NULL, redeliver_after = NULL, parked_reason = NULL, parked_step = NULL,
+        updated_at = now()
+    FROM target t
+    WHERE e.execution_id = t.execution_id
+    RETURNING e.execution_id, e.token
+), ev AS (
+    INSERT INTO execution_events (execution_id, kind, token)
+    SELECT execution_id, 'timed_out', token FROM s
+)
+SELECT execution_id FROM s
+"""
+
+
+class PolicyStatements:
+    pool: asyncpg.Pool
+    max_unacknowledged: int
+
+    async def _settle(self, conn: asyncpg.Connection, execution_ids: list[str]) -> dict[str, str]:
+        """Apply cancel / deadline / poison to just-ended leases, in the
+        caller's transaction. Returns {execution_id: new status} for those
+        that changed."""
+        if not execution_ids:
+            return {}
+        rows = await conn.fetch(_SETTLE, execution_ids, self.max_unacknowledged)
+        return {r["execution_id"]: r["status"] for r in rows}
+
+    async def sweep_deadlines(self, limit: int = 500) -> list[str]:
+        """Time out unheld executions whose deadline has passed."""
+        rows = await self.pool.fetch(_SWEEP_DEADLINES, limit)
+        return [r["execution_id"] for r in rows]
