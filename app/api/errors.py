@@ -55,6 +55,10 @@ DATABASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.QueryCanceledError,
     asyncpg.AdminShutdownError,
     asyncpg.TooManyConnectionsError,
+    # The server answers but will not let us in: the database was dropped, or
+    # the role/authentication changed under a running API. Not the caller's fault.
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
 )
 
 _HTTP_CODES = {

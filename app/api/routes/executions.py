@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -48,6 +50,17 @@ def _body_schema(model) -> dict:
     }
 
 
+# Postgres text cannot hold NUL (nor lone surrogates, which do not encode as
+# UTF-8): no stored execution has such an ID, and sending one to Postgres
+# would fail with a DataError instead of answering.
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _check_path_id(execution_id: str) -> None:
+    if _UNSTORABLE_TEXT.search(execution_id):
+        raise not_found(execution_id)
+
+
 async def _json(request: Request, settings) -> object:
     check_content_type(request)
     raw = await read_body(request, settings.max_payload_bytes)
@@ -92,6 +105,13 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         req = AdmitRequest.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc) from None
+    if req.params is None:
+        # The store binds None as SQL NULL, not jsonb null (params is NOT NULL).
+        raise ApiError(
+            422, "INVALID_EXECUTION_EVENT",
+            "params: null cannot be stored; send a JSON object or other non-null value, "
+            "or omit params (it defaults to {})",
+        )
     definitions = request.app.state.workflows
     if definitions is not None:
         definition = definitions.get(req.workflow_id)
@@ -149,8 +169,13 @@ async def list_executions(
 ):
     if cursor is not None:
         try:
-            decode_cursor(cursor)
-        except ValueError:
+            after_at, after_id = decode_cursor(cursor)
+            # Issued cursors carry an aware time and a stored ID; anything else
+            # (naive or out-of-range time, NUL in the ID) would fail in Postgres.
+            if after_at.tzinfo is None or _UNSTORABLE_TEXT.search(after_id):
+                raise ValueError("not an issued cursor")
+            after_at.astimezone(UTC)
+        except (ValueError, OverflowError):
             raise ApiError(
                 422, "INVALID_CURSOR",
                 "cursor is not one this server issued; pass nextCursor from the previous page",
@@ -172,6 +197,7 @@ async def list_executions(
     responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]},
 )
 async def get_execution(execution_id: str, store: StoreDep):
+    _check_path_id(execution_id)
     row = await store.get(execution_id)
     if row is None:
         raise not_found(execution_id)
@@ -193,6 +219,7 @@ async def get_execution(execution_id: str, store: StoreDep):
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
 )
 async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep):
+    _check_path_id(execution_id)
     at = None
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
         body = await _json(request, settings)
@@ -204,6 +231,14 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
             raise ApiError(
                 422, "INVALID_REQUEST", "at: give a time zone offset (for example 2026-01-01T00:00:00Z)"
             )
+        if at is not None:
+            try:
+                at.astimezone(UTC)
+            except OverflowError:
+                raise ApiError(
+                    422, "INVALID_REQUEST",
+                    "at: out of range in UTC; give a time between years 0001 and 9999",
+                ) from None
     answer = await store.request_wake(execution_id, at)
     if answer == "not_found":
         raise not_found(execution_id)
@@ -229,6 +264,7 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
 )
 async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
                       request: Request, store: StoreDep, settings: SettingsDep):
+    _check_path_id(execution_id)
     payload = None
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
         payload = await _json(request, settings)
