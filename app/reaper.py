@@ -1,9 +1,11 @@
 """The expired-lease reaper: a small maintenance service.
 
 `run_once()` ends leases whose expiry has passed (see
-`ExecutionStore.reap_expired`); `run()` only sleeps and calls it. Claims take
-over expired leases on their own, so the reaper exists to make the record say
-so promptly (status, counter, redelivery delay) when no worker is claiming.
+`ExecutionStore.reap_expired`: status back, counter +1, redelivery delay; or
+cancelled / timed out / parked as poison, as the rules say) and times out
+unheld executions whose deadline passed; `run()` only sleeps and calls it.
+Claims take over expired leases on their own, so the reaper exists to make
+the record say so promptly when no worker is claiming.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ class LeaseReaper:
         self.batch = batch
 
     async def run_once(self) -> ReapResult:
-        """Reap until a batch comes back short; returns the total."""
+        """Reap until a batch comes back short; returns the leases ended.
+        Then time out unheld executions past their deadline."""
         ids: list[str] = []
         while True:
             result = await self.store.reap_expired(self.batch)
             ids.extend(result.execution_ids)
             if result.expired < self.batch:
-                return ReapResult(len(ids), ids)
+                break
+        while len(await self.store.sweep_deadlines(self.batch)) == self.batch:
+            pass
+        return ReapResult(len(ids), ids)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -14,6 +14,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,6 +28,8 @@ class WorkflowDefinition:
     fn: Callable[..., Awaitable[Any]]
     params_model: type[BaseModel] | None
     module: str
+    # Default deadline, counted from admission, when the caller gives none.
+    timeout_seconds: float | None = None
 
     def parse_params(self, raw: Any) -> Any:
         """The value handed to workflow code: a model instance when declared."""
@@ -42,14 +45,20 @@ class WorkflowRegistrationError(ValueError):
     pass
 
 
-def workflow(workflow_id: str, *, params: type[BaseModel] | None = None):
-    """Register an async function `(ctx, params) -> JSON value` as `workflow_id`."""
+def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
+             timeout: float | timedelta | None = None):
+    """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
+    `timeout`: the default deadline, from admission, for its executions."""
     if not ID_RE.match(workflow_id):
         raise WorkflowRegistrationError(
             f"workflow ID {workflow_id!r} must be 1-200 characters from A-Z a-z 0-9 . _ : -"
         )
     if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
         raise WorkflowRegistrationError(f"params= of {workflow_id!r} must be a pydantic model class")
+
+    timeout_seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise WorkflowRegistrationError(f"timeout= of {workflow_id!r} must be positive")
 
     def register(fn):
         if not inspect.iscoroutinefunction(fn):
@@ -63,7 +72,9 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None):
                 f"workflow {workflow_id!r} is registered twice "
                 f"({existing.module}.{existing.fn.__qualname__} and {fn.__module__}.{fn.__qualname__})"
             )
-        _registry[workflow_id] = WorkflowDefinition(workflow_id, fn, params, fn.__module__)
+        _registry[workflow_id] = WorkflowDefinition(
+            workflow_id, fn, params, fn.__module__, timeout_seconds
+        )
         return fn
 
     return register

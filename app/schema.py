@@ -105,6 +105,12 @@ Index(
     executions.c.deadline,
     postgresql_where=text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"),
 )
+# Retention reads only terminal rows, oldest first.
+Index(
+    "ix_executions_terminal_updated",
+    executions.c.updated_at,
+    postgresql_where=text("status IN ('completed', 'failed', 'cancelled', 'timed_out')"),
+)
 # Operator listing: newest first per status, and the counter filter.
 Index("ix_executions_status_admitted", executions.c.status, executions.c.admitted_at)
 Index("ix_executions_workflow_admitted", executions.c.workflow_id, executions.c.admitted_at)

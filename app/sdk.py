@@ -34,6 +34,10 @@ __all__ = [
     "StepFailed",
     "SignalTimeout",
     "ReplayError",
+    "Cancelled",
+    "DeadlineExceeded",
+    "OutcomeUnknown",
+    "NOT_FOUND",
 ]
 
 
@@ -72,6 +76,41 @@ class ReplayError(Exception):
 class Suspend(BaseException):
     """Internal: the delivery acknowledges `suspended` (sleep, signal wait).
     A BaseException so `except Exception` in workflow code cannot swallow it."""
+
+
+class Cancelled(BaseException):  # noqa: N818 - named for what happened
+    """Raised into workflow code at its next step once a cancel was requested.
+    Catch it (or use try/finally) to run cleanup steps, recorded as usual;
+    the execution then ends `cancelled` whatever the code returns."""
+
+
+class DeadlineExceeded(BaseException):  # noqa: N818
+    """Raised into workflow code once the execution's deadline has passed (or
+    a sleep would end after it); the execution ends `timed_out`."""
+
+
+class OutcomeUnknown(Exception):  # noqa: N818
+    """Raise from an effect's function when the remote call may or may not
+    have happened (a timeout after sending, a dropped connection). fencepost
+    then treats the attempt as in doubt and never guesses."""
+
+
+class _NotFound:
+    def __repr__(self) -> str:
+        return "NOT_FOUND"
+
+
+# What a `reconcile` function returns when the remote side has no record of
+# the request: the call may then be made (again) with the same key.
+NOT_FOUND: Any = _NotFound()
+
+
+class Park(BaseException):
+    """Internal: an effect's outcome is unknown; park the execution."""
+
+    def __init__(self, step_key: str):
+        super().__init__(f"effect {step_key!r}: outcome unknown")
+        self.step_key = step_key
 
 
 class DeliveryStopped(BaseException):
@@ -162,13 +201,31 @@ class WorkflowContext:
         self.context = MappingProxyType(dict(delivery.context or {}))
         # Deliveries so far, this one included: every claim increments the token.
         self.attempt: int = delivery.lease.token
+        self.deadline: datetime | None = delivery.deadline
         self.suspended_on: dict | None = None
+        # "cancel" / "deadline", learned from a fenced write or a renewal;
+        # raised into the workflow once, at its next step.
+        self.interrupt: str | None = None
+        self._interrupt_raised = False
+
+    def notice(self, interrupt: str | None) -> None:
+        """Record an interrupt (from a fenced write's answer or a renewal)."""
+        if interrupt and self.interrupt is None:
+            self.interrupt = interrupt
+
+    def _raise_interrupt(self) -> None:
+        if self.interrupt and not self._interrupt_raised:
+            self._interrupt_raised = True
+            if self.interrupt == "cancel":
+                raise Cancelled("cancellation was requested")
+            raise DeadlineExceeded("the execution's deadline has passed")
 
     # ------------------------------------------------------------------ steps
 
     async def step(self, key: str, fn: Callable, *args: Any, retry: RetryPolicy | None = None,
                    **kwargs: Any) -> Any:
         """Run `fn` once and record its JSON result; on replay return the record."""
+        self._raise_interrupt()
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
@@ -178,31 +235,69 @@ class WorkflowContext:
         while True:
             attempt += 1
             try:
-                if inspect.iscoroutinefunction(fn):
-                    value = await fn(*args, **kwargs)
-                else:  # sync work must not block the dispatcher's event loop
-                    value = await asyncio.to_thread(fn, *args, **kwargs)
-                    if inspect.isawaitable(value):
-                        value = await value
-            except (Suspend, DeliveryStopped):
+                value = await _call(fn, args, kwargs)
+            except Retry:
                 raise
             except Exception as exc:
-                if policy.retries(exc, attempt):
-                    await asyncio.sleep(policy.delay(attempt))
+                if policy.retries(exc, attempt) and await self._retry_fits(key, policy.delay(attempt)):
                     continue
-                return self._replay(await self._record(key, name, attempt, error=error_of(exc)))
-            problem = json_problem(value)
-            if problem is not None:
-                error = {
-                    "name": "StepResultNotJSON",
-                    "message": f"step {key!r} returned a value that is not JSON: {problem}",
-                }
-                return self._replay(await self._record(key, name, attempt, error=error))
-            return self._replay(await self._record(key, name, attempt, value=value))
+                return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
+            return self._settled(await self._record_value(key, name, attempt, value))
+
+    async def effect(self, key: str, fn: Callable, *args: Any, idempotency_key: str | None = None,
+                     idempotent: bool = False, reconcile: Callable | None = None,
+                     **kwargs: Any) -> Any:
+        """Call something outside the database whose outcome must not be
+        guessed. The attempt and its request identity (`idempotency_key`,
+        default "{execution_id}:{key}") are persisted before `fn` is called as
+        `fn(*args, idempotency_key=KEY, **kwargs)`; the result is recorded as
+        step `key`. A later delivery that finds the attempt begun but no
+        result calls again with the same key if `idempotent`, asks
+        `reconcile(KEY)` (which returns the result, or NOT_FOUND) if given,
+        and otherwise parks the execution until an operator resolves the step.
+        Raise OutcomeUnknown from `fn` when it cannot tell what happened."""
+        self._raise_interrupt()
+        name = _function_name(fn)
+        recorded = self._take(key, name)
+        if recorded is not None:
+            return self._replay(recorded)
+        wanted = idempotency_key or f"{self.execution_id}:{key}"
+        attempt = await self._fenced(
+            self._store.begin_effect(self._lease, key, idempotency_key=wanted, function_name=name),
+            key,
+        )
+        self.notice(attempt.interrupt)
+        ikey = attempt.idempotency_key  # the identity first persisted stands
+        attempts = attempt.attempts
+        if not attempt.fresh:
+            # An earlier delivery called out and recorded nothing: in doubt.
+            if attempt.status == "retry" or idempotent:
+                pass  # an operator said so, or the remote side deduplicates
+            elif reconcile is not None:
+                found = await _call(reconcile, (ikey,), {})
+                if found is not NOT_FOUND:
+                    return self._settled(await self._record_value(key, name, attempts, found))
+            else:
+                raise Park(key)
+            await self._fenced(self._store.retry_effect(self._lease, key), key)
+            attempts += 1
+        try:
+            value = await _call(fn, args, {**kwargs, "idempotency_key": ikey})
+        except OutcomeUnknown:
+            if idempotent or reconcile is not None:
+                raise Retry(f"effect {key!r}: outcome unknown; the next delivery settles it") from None
+            raise Park(key) from None
+        except Retry:
+            raise
+        except Exception as exc:
+            # The remote side answered with an error: a known outcome.
+            return self._settled(await self._record(key, name, attempts, error=error_of(exc)))
+        return self._settled(await self._record_value(key, name, attempts, value))
 
     async def sleep(self, key: str, duration: float | timedelta) -> None:
         """A durable timer: the wake time (database clock) is recorded as step
         `key`; the delivery suspends and a later one continues once it is due."""
+        self._raise_interrupt()
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
         if seconds < 0:
             raise ValueError(f"sleep {key!r}: duration must not be negative")
@@ -211,6 +306,7 @@ class WorkflowContext:
     async def sleep_until(self, key: str, when: datetime) -> None:
         if when.tzinfo is None:
             raise ValueError(f"sleep_until {key!r}: give a timezone-aware datetime")
+        self._raise_interrupt()
         await self._timer(key, until=when)
 
     async def wait_for_signal(self, name: str, timeout: float | timedelta | None = None, *,
@@ -219,6 +315,7 @@ class WorkflowContext:
         it through a fenced step (`key`, default `signal:{name}`). With no
         signal pending, the delivery suspends until one arrives; past
         `timeout`, raises SignalTimeout (recorded, so replays agree)."""
+        self._raise_interrupt()
         key = key or f"signal:{name}"
         fname = f"signal:{name}"
         timer_key = f"{key}:timeout"
@@ -226,6 +323,7 @@ class WorkflowContext:
         if recorded is None:
             recorded = await self._fenced(self._store.consume_signal(self._lease, key, name), key)
         if recorded is not None:
+            self.notice(recorded.interrupt)
             # The timeout timer, recorded by an earlier delivery, is settled too.
             if timer_key in self._steps:
                 self._used.add(timer_key)
@@ -269,6 +367,31 @@ class WorkflowContext:
         if record.status == "failed":
             raise StepFailed(record.step_key, record.error or {})
         return record.value
+
+    def _settled(self, record: StepRecord) -> Any:
+        """A step just recorded: stop here if the write said so, else replay it."""
+        self.notice(record.interrupt)
+        self._raise_interrupt()
+        return self._replay(record)
+
+    async def _record_value(self, key: str, name: str, attempts: int, value: Any) -> StepRecord:
+        problem = json_problem(value)
+        if problem is not None:
+            error = {
+                "name": "StepResultNotJSON",
+                "message": f"step {key!r} returned a value that is not JSON: {problem}",
+            }
+            return await self._record(key, name, attempts, error=error)
+        return await self._record(key, name, attempts, value=value)
+
+    async def _retry_fits(self, key: str, delay: float) -> bool:
+        """Sleep before the next attempt, unless it would end after the deadline."""
+        if self.deadline is not None:
+            now = await self._fenced(self._store.db_now(), key)
+            if (now - self.deadline).total_seconds() + delay >= 0:
+                return False
+        await asyncio.sleep(delay)
+        return True
 
     def _replay_signal(self, record: StepRecord, name: str) -> Any:
         if record.status == "failed":
@@ -324,14 +447,29 @@ class WorkflowContext:
                 return None
             now = await self._fenced(self._store.db_now(), key)
         else:
-            wake_at, now = await self._fenced(
+            wake_at, now, interrupt = await self._fenced(
                 self._store.record_timer(self._lease, key, delay_seconds=delay, until=until), key
             )
+            self.notice(interrupt)
+            self._raise_interrupt()
         if wake_at <= now:
             return None
+        if self.deadline is not None and wake_at > self.deadline:
+            raise DeadlineExceeded(f"timer {key!r} would end after the execution's deadline")
         # Unfenced: a stale holder's extra wake costs at most one extra delivery.
         await self._fenced(self._store.request_wake(self.execution_id, wake_at), key)
         return wake_at
+
+
+async def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Await async functions; run sync ones in a thread so they cannot block
+    the dispatcher's event loop."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    value = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
 
 
 def format_traceback(exc: BaseException) -> str:

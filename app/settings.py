@@ -7,6 +7,8 @@ can run with leases of a fraction of a second.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -42,6 +44,11 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, description="How long a stopping worker lets running deliveries finish before releasing them."
     )
+    retention: timedelta = Field(
+        timedelta(days=14),
+        description="Age (since last update) after which terminal executions are deleted; "
+        "seconds or ISO 8601 (P14D).",
+    )
     connect_timeout_seconds: float = Field(5.0, gt=0, description="Longest a connection attempt may take.")
 
     @field_validator("redelivery_cap_seconds")
@@ -50,6 +57,23 @@ class Settings(BaseSettings):
         base = info.data.get("redelivery_base_seconds")
         if base is not None and v < base:
             raise ValueError("FENCEPOST_REDELIVERY_CAP_SECONDS must be >= FENCEPOST_REDELIVERY_BASE_SECONDS")
+        return v
+
+    @field_validator("retention", mode="before")
+    @classmethod
+    def _seconds_as_number(cls, v):
+        if isinstance(v, str):
+            try:
+                return float(v)
+            except ValueError:
+                return v
+        return v
+
+    @field_validator("retention")
+    @classmethod
+    def _retention_positive(cls, v: timedelta) -> timedelta:
+        if v.total_seconds() <= 0:
+            raise ValueError("FENCEPOST_RETENTION must be positive")
         return v
 
     @property

@@ -27,9 +27,13 @@ from app.db import asyncpg_dsn, create_pool
 from app.migrate import check_schema
 from app.reaper import LeaseReaper
 from app.registry import WorkflowDefinition
+from app.retention import RetentionPruner
 from app.sdk import (
     INFRASTRUCTURE_ERRORS,
+    Cancelled,
+    DeadlineExceeded,
     DeliveryStopped,
+    Park,
     Retry,
     Suspend,
     WorkflowContext,
@@ -56,6 +60,14 @@ class Running:
     lease: Lease
     task: asyncio.Task
     lost: bool = False
+    ctx: WorkflowContext | None = None
+
+
+def _jsonable(value: dict | None) -> dict | None:
+    """`suspended_on` as JSON (wake times become ISO strings)."""
+    if value is None:
+        return None
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in value.items()}
 
 
 class Backoff:
@@ -136,13 +148,16 @@ class Worker:
                 asyncio.create_task(self._claimer(), name="claimer"),
                 asyncio.create_task(self._renewer(), name="renewer"),
                 asyncio.create_task(self._listener(), name="listener"),
-                asyncio.create_task(self._reaper(), name="reaper"),
+                asyncio.create_task(self._maintain(LeaseReaper(
+                    self.store, interval=max(0.1, min(s.lease_seconds / 2, 5.0)))), name="reaper"),
+                asyncio.create_task(self._maintain(RetentionPruner(
+                    self.store, retention_seconds=s.retention.total_seconds())), name="retention"),
             ]
             await self._watch(side)
             await self._drain()
             self._done.set()
             for task in side:
-                task.cancel()
+                task.cancel()  # listener and maintenance stop here
             await asyncio.gather(*side, return_exceptions=True)
             try:
                 await self.store.worker_stopped(self.worker_id)
@@ -254,10 +269,20 @@ class Worker:
             })
             return
         ctx = WorkflowContext(self.store, delivery, steps, definition, params)
+        running = self._running.get(eid)
+        if running is not None:
+            running.ctx = ctx
         try:
             result = await definition.fn(ctx, params)
         except Suspend:
-            await self._finish(lease, "suspended")
+            await self._finish(lease, "suspended", waiting_on=ctx.suspended_on)
+        except Cancelled as exc:
+            await self._finish(lease, "cancelled", error={"name": "Cancelled", "message": str(exc)})
+        except DeadlineExceeded as exc:
+            await self._finish(lease, "timed_out",
+                               error={"name": "DeadlineExceeded", "message": str(exc)})
+        except Park as exc:
+            await self._finish(lease, "park", step_key=exc.step_key)
         except Retry as exc:
             await self._finish(lease, "retry", error=error_of(exc))
         except DeliveryStopped as exc:
@@ -289,19 +314,28 @@ class Worker:
                 await self._finish(lease, "completed", result=result)
 
     async def _finish(self, lease: Lease, kind: str, *, result: Any = None,
-                      error: dict | None = None, tb: str | None = None) -> None:
+                      error: dict | None = None, tb: str | None = None,
+                      waiting_on: dict | None = None, step_key: str | None = None) -> None:
         """The final write of a delivery, shielded from cancellation."""
         lease = self._lease_of(lease.execution_id, lease)
-        await asyncio.shield(self._write_outcome(lease, kind, result, error, tb))
+        await asyncio.shield(
+            self._write_outcome(lease, kind, result, error, tb, waiting_on, step_key)
+        )
 
-    async def _write_outcome(self, lease: Lease, kind: str, result: Any,
-                             error: dict | None, tb: str | None) -> None:
+    async def _write_outcome(self, lease: Lease, kind: str, result: Any, error: dict | None,
+                             tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
         try:
             if kind == "retry":
                 await self.store.release(lease)
                 return
+            if kind == "park":
+                await self.store.park_outcome_unknown(lease, step_key)
+                log.warning("execution %s parked: the outcome of effect %r is unknown",
+                            lease.execution_id, step_key)
+                return
             try:
-                await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb)
+                await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb,
+                                             waiting_on=_jsonable(waiting_on))
             except InvalidEvent as exc:
                 await self.store.acknowledge(lease, "failed", error={
                     "name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}",
@@ -331,8 +365,9 @@ class Worker:
                 pass
             held = {eid: r for eid, r in self._running.items() if not r.lost}
             try:
-                renewed, lost = await self.store.renew([r.lease for r in held.values()],
-                                                       self.settings.lease_seconds)
+                renewed, lost, interrupts = await self.store.renew_with_interrupts(
+                    [r.lease for r in held.values()], self.settings.lease_seconds
+                )
                 await self.store.heartbeat(self.worker_id)
                 backoff.reset()
                 interval = self.settings.renew_seconds
@@ -344,6 +379,8 @@ class Worker:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
                     running.lease = lease
+                    if running.ctx is not None:
+                        running.ctx.notice(interrupts.get(lease.execution_id))
             for lease in lost:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
@@ -380,14 +417,14 @@ class Worker:
 
     # ------------------------------------------------------------------ reaper
 
-    async def _reaper(self) -> None:
-        reaper = LeaseReaper(self.store, interval=max(0.1, min(self.settings.lease_seconds / 2, 5.0)))
+    async def _maintain(self, service: LeaseReaper | RetentionPruner) -> None:
+        """Run a maintenance service until the worker is done, riding out outages."""
         backoff = Backoff()
         while not self._done.is_set():
             try:
-                await reaper.run(self._done)
+                await service.run(self._done)
                 return
             except INFRASTRUCTURE_ERRORS as exc:
                 delay = backoff.next()
-                log.warning("reaper failed (%s); retrying in %.2fs", exc, delay)
+                log.warning("%s failed (%s); retrying in %.2fs", type(service).__name__, exc, delay)
                 await asyncio.sleep(delay)

@@ -21,7 +21,8 @@ class Camel(BaseModel):
 
 
 class AdmitRequest(Camel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    # camelCase only: snake_case spellings are unknown fields.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
 
     workflow_id: str = Field(pattern=ID_PATTERN, description=f"Registered workflow; {ID_RULE}.")
     execution_id: str | None = Field(
@@ -39,7 +40,7 @@ class Admission(Camel):
 
 
 class WakeRequest(Camel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
 
     at: datetime | None = Field(
         None, description="Due time (RFC 3339 with offset); omitted: now (database clock)."

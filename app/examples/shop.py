@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 
-from app.sdk import RetryPolicy, WorkflowContext, workflow
+from app.sdk import WorkflowContext, workflow
 
 
 class ChargeOrder(BaseModel):
@@ -48,12 +48,14 @@ async def charge_order(ctx: WorkflowContext, p: ChargeOrder) -> dict:
     order = await ctx.step("load-order", load_order, p.order_id)
     if order["status"] != "open":
         return {"charged": False}
-    receipt = await ctx.step(
+    # The provider deduplicates by idempotency key, so a charge whose outcome
+    # is in doubt (a crash after calling out) may safely be made again.
+    receipt = await ctx.effect(
         "charge-card",
         payments.charge,
         order,
         p.amount_cents,
         idempotency_key=f"{ctx.execution_id}:charge-card",
-        retry=RetryPolicy(max_attempts=5, initial_interval=0.2),
+        idempotent=True,
     )
     return {"charged": True, "receipt": receipt}

@@ -38,10 +38,13 @@ class AdmissionStatements:
         context: dict | None = None,
         execution_id: str | None = None,
         deadline: datetime | None = None,
+        timeout_seconds: float | None = None,
         code_version: str | None = None,
     ) -> Admitted | Conflict:
         """Record the execution and its first wake (due now) in one statement,
-        or report the record that already holds the ID. IDs are never reused."""
+        or report the record that already holds the ID. IDs are never reused.
+        The deadline is `deadline`, else admission time + `timeout_seconds`
+        (database clock), else none."""
         execution_id = execution_id or str(uuid.uuid4())
         try:
             row = await self.pool.fetchrow(
@@ -50,7 +53,9 @@ class AdmissionStatements:
                     INSERT INTO executions
                         (execution_id, workflow_id, params, context, status, due_at,
                          deadline, code_version)
-                    VALUES ($1, $2, $3, $4, 'admitted', now(), $5, $6)
+                    -- Python None is SQL NULL on the wire; as params it means JSON null.
+                    VALUES ($1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
+                            coalesce($5, now() + make_interval(secs => $7::float8)), $6)
                     ON CONFLICT (execution_id) DO NOTHING
                     RETURNING execution_id, status
                 ), ev AS (
@@ -67,6 +72,7 @@ class AdmissionStatements:
                 context if context is not None else {},
                 deadline,
                 code_version,
+                timeout_seconds,
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             # NaN/Infinity (the encoder refuses them), \u0000 and lone
@@ -85,6 +91,7 @@ class AdmissionStatements:
                 context=context,
                 execution_id=execution_id,
                 deadline=deadline,
+                timeout_seconds=timeout_seconds,
                 code_version=code_version,
             )
         return Conflict(existing["execution_id"], existing["status"], existing["workflow_id"])

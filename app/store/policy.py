@@ -103,3 +103,34 @@ class PolicyStatements:
         """Time out unheld executions whose deadline has passed."""
         rows = await self.pool.fetch(_SWEEP_DEADLINES, limit)
         return [r["execution_id"] for r in rows]
+
+    async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:
+        """Delete up to `limit` terminal executions last updated more than
+        `older_than_seconds` ago, with everything that hangs off them
+        (steps, signals and effects go by ON DELETE CASCADE)."""
+        return await self.pool.fetchval(
+            """
+            WITH doomed AS (
+                SELECT execution_id FROM executions
+                WHERE status IN ('completed', 'failed', 'cancelled', 'timed_out')
+                  AND updated_at < now() - make_interval(secs => $1)
+                ORDER BY updated_at
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            ), ev AS (
+                DELETE FROM execution_events WHERE execution_id IN (SELECT execution_id FROM doomed)
+            ), lo AS (
+                DELETE FROM late_observations
+                WHERE execution_id IN (SELECT execution_id FROM doomed)
+            ), d AS (
+                -- Re-checked on the locked row: only terminal records go.
+                DELETE FROM executions
+                WHERE execution_id IN (SELECT execution_id FROM doomed)
+                  AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
+                RETURNING execution_id
+            )
+            SELECT count(*) FROM d
+            """,
+            float(older_than_seconds),
+            limit,
+        )

@@ -39,7 +39,7 @@ class SignalStatements:
                     FOR SHARE
                 ), sig AS (
                     INSERT INTO signals (execution_id, name, payload)
-                    SELECT execution_id, $2, $3 FROM target
+                    SELECT execution_id, $2, coalesce($3, 'null'::jsonb) FROM target
                     RETURNING signal_id
                 ), wake AS (
                     UPDATE executions SET due_at = least(due_at, now()), updated_at = now()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 
-import asyncpg
 import pytest
 
 from tests.http.conftest import Rows
@@ -267,8 +266,6 @@ BAD_FIELDS = {
     "unknown-field": _body(workflowId="wf", params={}, extra=1),
     "miscased-field": _body(workflowID="wf", params={}),
     "both-spellings": _body(workflowId="wf", workflow_id="other", params={}),
-    # jsonb null would be fine, but the store binds None as SQL NULL (params is NOT NULL).
-    "null-params": _body(workflowId="wf", params=None),
     "deadline-field-wrong-type": _body(workflowId="wf", params={}, deadline=[1]),
 }
 
@@ -428,20 +425,15 @@ async def test_invalid_content_length_is_4xx(small_client, rows):
     assert await rows() == NOTHING
 
 
-async def test_null_params_are_refused_with_a_clear_message(client, rows):
-    r = await client.post("/v1/executions", json={"workflowId": "wf", "params": None})
-    error = assert_error(r, 422, "INVALID_EXECUTION_EVENT")
-    assert "params" in error["message"] and "null" in error["message"]
-    assert await rows() == NOTHING
+async def test_null_params_are_stored_as_json_null(client, pool):
+    r = await client.post(
+        "/v1/executions", json={"workflowId": "wf", "executionId": "np", "params": None}
+    )
+    assert r.status_code == 201, r.text
+    assert (await client.get("/v1/executions/np")).json()["params"] is None
+    assert await pool.fetchval("SELECT params = 'null'::jsonb FROM executions")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=asyncpg.NotNullViolationError,
-    reason="app/store/admission.py admit() binds params=None as SQL NULL instead of jsonb "
-    "'null' (executions.params is NOT NULL), so a JSON null params value cannot be stored; "
-    "the API refuses it with 422 until the store stores it (then lift the API guard)",
-)
 async def test_store_admits_json_null_params(store, pool):
     result = await store.admit(workflow_id="wf", params=None, execution_id="null-params")
     assert result.status == "admitted"

@@ -105,13 +105,6 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         req = AdmitRequest.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc) from None
-    if req.params is None:
-        # The store binds None as SQL NULL, not jsonb null (params is NOT NULL).
-        raise ApiError(
-            422, "INVALID_EXECUTION_EVENT",
-            "params: null cannot be stored; send a JSON object or other non-null value, "
-            "or omit params (it defaults to {})",
-        )
     definitions = request.app.state.workflows
     if definitions is not None:
         definition = definitions.get(req.workflow_id)

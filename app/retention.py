@@ -1,0 +1,43 @@
+"""Retention: a maintenance service that deletes terminal executions older
+than FENCEPOST_RETENTION, in batches, with their steps, events, signals,
+effects and late observations. Nothing that is not terminal is ever deleted;
+an execution ID stays reserved for as long as its record exists."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from app.store import ExecutionStore
+
+log = logging.getLogger("fencepost.retention")
+
+
+class RetentionPruner:
+    def __init__(self, store: ExecutionStore, *, retention_seconds: float,
+                 interval: float = 60.0, batch: int = 500):
+        if retention_seconds <= 0 or interval <= 0 or batch <= 0:
+            raise ValueError("retention, interval and batch must be positive")
+        self.store = store
+        self.retention_seconds = retention_seconds
+        self.interval = interval
+        self.batch = batch
+
+    async def run_once(self) -> int:
+        """Prune until a batch comes back short; returns how many were deleted."""
+        total = 0
+        while True:
+            n = await self.store.prune_terminal(self.retention_seconds, self.batch)
+            total += n
+            if n < self.batch:
+                return total
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            deleted = await self.run_once()
+            if deleted:
+                log.info("retention: deleted %d terminal executions", deleted)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.interval)
+            except TimeoutError:
+                pass
