@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
-from app.api.routes import executions, health
+from app.api.routes import executions, health, history, operations
 from app.db import create_pool
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
@@ -44,4 +44,6 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(executions.router)
+    app.include_router(operations.router)
+    app.include_router(history.router)
     return app

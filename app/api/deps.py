@@ -21,3 +21,9 @@ async def _settings(request: Request) -> Settings:
 
 StoreDep = Annotated[ExecutionStore, Depends(_store)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+async def live_workflows(store: ExecutionStore, settings: Settings) -> set[str]:
+    """Workflows some live worker runs: one that has heartbeated within three
+    renewal intervals (workers heartbeat at every renewal)."""
+    return await store.live_workflow_ids(3 * settings.renew_seconds + 1)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from app.blocked import blocked_by
 from app.schema import STATUSES
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
@@ -32,6 +33,13 @@ class AdmitRequest(Camel):
     )
     params: Any = Field(default_factory=dict, description="Any JSON value, stored once.")
     context: dict[str, Any] = Field(default_factory=dict, description="A JSON object, stored once.")
+    deadline: datetime | None = Field(
+        None, description="RFC 3339 time with offset; past it the execution ends timed_out."
+    )
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=10 * 365 * 86400,
+        description="Deadline relative to admission (database clock); not with deadline.",
+    )
 
 
 class Admission(Camel):
@@ -73,14 +81,48 @@ class ExecutionSummary(Camel):
     unacknowledged_deliveries: int
     last_unacknowledged_at: datetime | None
     redeliver_after: datetime | None
+    deadline: datetime | None
+    cancel_requested_at: datetime | None
+    parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
+    blocked_by: dict[str, Any] | None = Field(
+        None, description="Why it is not moving: reason (due, leased, lease-expired, "
+        "redelivery-delay, sleeping, waiting-for-signal, parked, no-worker) and what it waits on.",
+    )
 
 
 class ExecutionRecord(ExecutionSummary):
     params: Any
     context: dict[str, Any]
     outcome: dict[str, Any] | None = Field(
-        None, description="Terminal only: {result} when completed, {error: {name, message}} when failed."
+        None,
+        description="Terminal only: {result} when completed; {error: {name, message}} when "
+        "failed, cancelled or timed_out.",
     )
+
+
+class WorkerView(Camel):
+    worker_id: str
+    host: str
+    pid: int
+    workflows: list[str]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+    alive: bool
+
+
+class WorkerList(Camel):
+    workers: list[WorkerView]
+
+
+def worker_view(row: dict) -> dict:
+    return {
+        "workerId": row["worker_id"], "host": row["host"], "pid": row["pid"],
+        "workflows": row["workflows"], "concurrency": row["concurrency"],
+        "startedAt": row["started_at"], "heartbeatAt": row["heartbeat_at"],
+        "stoppedAt": row["stopped_at"], "alive": row["alive"],
+    }
 
 
 class ExecutionPage(Camel):
@@ -98,7 +140,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def summary(row: dict) -> dict:
+def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
     lease = None
     if row["lease_expires_at"] is not None:
         lease = {"token": row["token"], "owner": row["lease_owner"], "expiresAt": row["lease_expires_at"]}
@@ -114,8 +156,20 @@ def summary(row: dict) -> dict:
         "unacknowledgedDeliveries": row["unacknowledged_deliveries"],
         "lastUnacknowledgedAt": row["last_unacknowledged_at"],
         "redeliverAfter": row["redeliver_after"],
+        "deadline": row["deadline"],
+        "cancelRequestedAt": row["cancel_requested_at"],
+        "parked": (
+            {"reason": row["parked_reason"], "step": row["parked_step"]}
+            if row["status"] == "parked" else None
+        ),
+        "blockedBy": blocked_by(row, live_workflows),
     }
 
 
-def record(row: dict) -> dict:
-    return {**summary(row), "params": row["params"], "context": row["context"], "outcome": row["outcome"]}
+def record(row: dict, live_workflows: set[str] | None = None) -> dict:
+    return {
+        **summary(row, live_workflows),
+        "params": row["params"],
+        "context": row["context"],
+        "outcome": row["outcome"],
+    }

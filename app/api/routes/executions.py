@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import ValidationError
 
-from app.api.deps import SettingsDep, StoreDep
+from app.api.common import (
+    _UNSTORABLE_TEXT,
+    ERRORS,
+    _body_schema,
+    _check_path_id,
+    _invalid,
+    _json,
+)
+from app.api.deps import SettingsDep, StoreDep, live_workflows
 from app.api.errors import ApiError, not_found
-from app.api.json_body import check_content_type, parse_json, read_body
 from app.api.models import (
     ID_PATTERN,
     Admission,
@@ -29,57 +35,6 @@ from app.api.models import (
 from app.store import Conflict, InvalidEvent, decode_cursor
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
-
-ERRORS = {
-    400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
-    413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
-    415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
-    422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
-    503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
-}
-
-
-def _body_schema(model) -> dict:
-    """Bodies are read and parsed strictly by hand (duplicate keys, NaN,
-    \\u0000, depth); this documents them in the OpenAPI schema all the same."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema(by_alias=True)}},
-        }
-    }
-
-
-# Postgres text cannot hold NUL (nor lone surrogates, which do not encode as
-# UTF-8): no stored execution has such an ID, and sending one to Postgres
-# would fail with a DataError instead of answering.
-_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
-
-
-def _check_path_id(execution_id: str) -> None:
-    if _UNSTORABLE_TEXT.search(execution_id):
-        raise not_found(execution_id)
-
-
-async def _json(request: Request, settings) -> object:
-    check_content_type(request)
-    raw = await read_body(request, settings.max_payload_bytes)
-    return parse_json(raw, max_depth=settings.max_json_depth)
-
-
-def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",
-             prefix: str | None = None) -> ApiError:
-    head = [prefix] if prefix else []
-    problems = [
-        {"loc": head + [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
-    ]
-    first = problems[0]
-    where = ".".join(first["loc"]) or "body"
-    return ApiError(
-        422, code, f"{where}: {first['message']}; fix it and send the request again",
-        details=problems,
-    )
-
 
 @router.post(
     "",
@@ -105,6 +60,13 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         req = AdmitRequest.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc) from None
+    if req.deadline is not None and req.timeout_seconds is not None:
+        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+                       "give either deadline or timeoutSeconds, not both")
+    if req.deadline is not None and req.deadline.tzinfo is None:
+        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+                       "deadline: give a time zone offset (for example 2026-01-01T00:00:00Z)")
+    timeout_seconds = req.timeout_seconds
     definitions = request.app.state.workflows
     if definitions is not None:
         definition = definitions.get(req.workflow_id)
@@ -118,12 +80,16 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             definition.parse_params(req.params)
         except ValidationError as exc:
             raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
+        if req.deadline is None and timeout_seconds is None:
+            timeout_seconds = definition.timeout_seconds
     try:
         result = await store.admit(
             workflow_id=req.workflow_id,
             params=req.params,
             context=req.context,
             execution_id=req.execution_id,
+            deadline=req.deadline,
+            timeout_seconds=timeout_seconds,
         )
     except InvalidEvent as exc:
         raise ApiError(
@@ -152,6 +118,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
 )
 async def list_executions(
     store: StoreDep,
+    settings: SettingsDep,
     status: Annotated[Status | None, Query()] = None,
     workflow_id: Annotated[str | None, Query(alias="workflowId", pattern=ID_PATTERN)] = None,
     min_unacknowledged_deliveries: Annotated[
@@ -180,7 +147,8 @@ async def list_executions(
         cursor=cursor,
         limit=limit,
     )
-    return {"executions": [summary(r) for r in rows], "nextCursor": next_cursor}
+    live = await live_workflows(store, settings)
+    return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}
 
 
 @router.get(
@@ -189,12 +157,12 @@ async def list_executions(
     summary="Read one execution's record",
     responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]},
 )
-async def get_execution(execution_id: str, store: StoreDep):
+async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDep):
     _check_path_id(execution_id)
     row = await store.get(execution_id)
     if row is None:
         raise not_found(execution_id)
-    return record(row)
+    return record(row, await live_workflows(store, settings))
 
 
 @router.post(

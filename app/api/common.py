@@ -1,0 +1,65 @@
+"""Pieces every route module shares: strict JSON bodies, path ID checks,
+validation errors in the one error shape, documented error responses."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from app.api.errors import ApiError, not_found
+from app.api.json_body import check_content_type, parse_json, read_body
+from app.api.models import ErrorBody
+
+ERRORS = {
+    400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
+    413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
+    415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
+    422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
+    503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
+}
+
+
+def _body_schema(model) -> dict:
+    """Bodies are read and parsed strictly by hand (duplicate keys, NaN,
+    \\u0000, depth); this documents them in the OpenAPI schema all the same."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema(by_alias=True)}},
+        }
+    }
+
+
+# Postgres text cannot hold NUL (nor lone surrogates, which do not encode as
+# UTF-8): no stored execution has such an ID, and sending one to Postgres
+# would fail with a DataError instead of answering.
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _check_path_id(execution_id: str) -> None:
+    if _UNSTORABLE_TEXT.search(execution_id):
+        raise not_found(execution_id)
+
+
+async def _json(request: Request, settings) -> object:
+    check_content_type(request)
+    raw = await read_body(request, settings.max_payload_bytes)
+    return parse_json(raw, max_depth=settings.max_json_depth)
+
+
+def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",
+             prefix: str | None = None) -> ApiError:
+    head = [prefix] if prefix else []
+    problems = [
+        {"loc": head + [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
+    ]
+    first = problems[0]
+    where = ".".join(first["loc"]) or "body"
+    return ApiError(
+        422, code, f"{where}: {first['message']}; fix it and send the request again",
+        details=problems,
+    )
+
+
