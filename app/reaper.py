@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.metrics import METRICS
 from app.store import ExecutionStore, ReapResult
 
 log = logging.getLogger("fencepost.reaper")
@@ -32,6 +33,7 @@ class LeaseReaper:
         ids: list[str] = []
         while True:
             result = await self.store.reap_expired(self.batch)
+            METRICS.lease_expiries.inc(result.expired)
             ids.extend(result.execution_ids)
             if result.expired < self.batch:
                 break

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import json
 import random
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from app.metrics import METRICS
 from app.registry import WorkflowDefinition, workflow
 from app.store import Delivery, ExecutionStore, InvalidEvent, LeaseLost, StepRecord
 
@@ -234,14 +236,17 @@ class WorkflowContext:
         attempt = 0
         while True:
             attempt += 1
+            started = time.perf_counter()
             try:
                 value = await _call(fn, args, kwargs)
             except Retry:
                 raise
             except Exception as exc:
+                METRICS.step_seconds.observe(time.perf_counter() - started)
                 if policy.retries(exc, attempt) and await self._retry_fits(key, policy.delay(attempt)):
                     continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
+            METRICS.step_seconds.observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
 
     async def effect(self, key: str, fn: Callable, *args: Any, idempotency_key: str | None = None,
@@ -420,6 +425,8 @@ class WorkflowContext:
         try:
             return await write
         except LeaseLost:
+            METRICS.fenced_writes_rejected.inc()
+            METRICS.leases_lost.inc()
             try:
                 await self._store.record_late_observation(self._lease, key, value=value, error=error)
             except INFRASTRUCTURE_ERRORS:

@@ -44,6 +44,10 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
                    help="most deliveries this worker runs at once (default 10)")
     p.add_argument("--workflows", help="comma-separated workflow modules (FENCEPOST_WORKFLOWS)")
     p.add_argument("--worker-id", help="a stable name for this worker (default host:pid:random)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="interface for --metrics-port (default 127.0.0.1)")
     p.add_argument("--log-level", default="info")
 
 
@@ -65,6 +69,12 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: modules {settings.workflow_modules} register no workflow", file=sys.stderr)
         return 2
     worker = Worker(settings, workflows, concurrency=args.concurrency, worker_id=args.worker_id)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        from app.metrics import METRICS
+
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=METRICS.registry)
 
     async def main() -> None:
         worker.install_signal_handlers()

@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from app.db import asyncpg_dsn, create_pool
+from app.metrics import METRICS
 from app.migrate import check_schema
 from app.reaper import LeaseReaper
 from app.registry import WorkflowDefinition
@@ -194,6 +196,7 @@ class Worker:
         for running in leftover:
             try:
                 await self.store.release(running.lease)
+                METRICS.unacknowledged_deliveries.inc()
                 log.info("released %s (token %d) at shutdown", running.lease.execution_id,
                          running.lease.token)
             except (LeaseLost, *INFRASTRUCTURE_ERRORS):
@@ -222,6 +225,7 @@ class Worker:
                     log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._sleep(delay)
                     continue
+                METRICS.claims.inc(len(deliveries))
                 for delivery in deliveries:
                     self._start(delivery, steps.get(delivery.lease.execution_id, {}))
                 self._maybe_more_due = len(deliveries) == free
@@ -239,9 +243,11 @@ class Worker:
     def _start(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
         eid = delivery.lease.execution_id
         task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
+        started = time.perf_counter()
         self._running[eid] = Running(delivery.lease, task)
 
         def finished(_: asyncio.Task) -> None:
+            METRICS.delivery_seconds.observe(time.perf_counter() - started)
             current = self._running.get(eid)
             if current is not None and current.task is task:
                 del self._running[eid]
@@ -286,6 +292,7 @@ class Worker:
         except Retry as exc:
             await self._finish(lease, "retry", error=error_of(exc))
         except DeliveryStopped as exc:
+            METRICS.deliveries.labels("stopped").inc()
             log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc)
         except asyncio.CancelledError:
             running = self._running.get(eid)
@@ -324,9 +331,11 @@ class Worker:
 
     async def _write_outcome(self, lease: Lease, kind: str, result: Any, error: dict | None,
                              tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
+        METRICS.deliveries.labels(kind).inc()
         try:
             if kind == "retry":
                 await self.store.release(lease)
+                METRICS.unacknowledged_deliveries.inc()
                 return
             if kind == "park":
                 await self.store.park_outcome_unknown(lease, step_key)
@@ -341,6 +350,8 @@ class Worker:
                     "name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}",
                 })
         except LeaseLost:
+            METRICS.fenced_writes_rejected.inc()
+            METRICS.leases_lost.inc()
             log.info("acknowledgement of %s (token %d) rejected: lease lost", lease.execution_id,
                      lease.token)
             try:
@@ -375,6 +386,7 @@ class Worker:
                 interval = min(self.settings.renew_seconds, backoff.next())
                 log.warning("renewal failed (%s); retrying in %.2fs", exc, interval)
                 continue
+            METRICS.renewals.inc(len(renewed))
             for lease in renewed:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
@@ -384,6 +396,7 @@ class Worker:
             for lease in lost:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
+                    METRICS.leases_lost.inc()
                     log.info("lease on %s (token %d) lost at renewal; stopping its delivery",
                              lease.execution_id, lease.token)
                     running.lost = True

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
-from app.api.routes import executions, health, history, operations
+from app.api.routes import executions, health, history, metrics, operations
 from app.db import create_pool
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
@@ -46,4 +46,5 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(executions.router)
     app.include_router(operations.router)
     app.include_router(history.router)
+    app.include_router(metrics.router)
     return app

@@ -54,3 +54,36 @@ class WorkerStatements:
             float(recent_seconds),
         )
         return [dict(r) for r in rows]
+
+    async def metrics_snapshot(self) -> dict:
+        """Cheap gauges: each query reads an index over unfinished rows only."""
+        async with self.pool.acquire() as conn:
+            by_status = await conn.fetch(
+                "SELECT status, count(*) AS n FROM executions "
+                "WHERE status IN ('admitted', 'running', 'suspended', 'parked') GROUP BY status"
+            )
+            parked = await conn.fetch(
+                "SELECT parked_reason, count(*) AS n FROM executions "
+                "WHERE status = 'parked' GROUP BY parked_reason"
+            )
+            row = await conn.fetchrow(
+                """
+                SELECT
+                  (SELECT count(*) FROM effects WHERE status = 'outcome_unknown') AS unknown,
+                  (SELECT count(*) FROM executions WHERE unacknowledged_deliveries > 0
+                     AND status IN ('admitted', 'running', 'suspended', 'parked')) AS unacked,
+                  (SELECT coalesce(sum(unacknowledged_deliveries), 0) FROM executions
+                   WHERE unacknowledged_deliveries > 0
+                     AND status IN ('admitted', 'running', 'suspended', 'parked')) AS unacked_sum,
+                  (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0) FROM executions
+                   WHERE status IN ('admitted', 'suspended') AND due_at <= now()) AS oldest
+                """
+            )
+        return {
+            "by_status": {r["status"]: r["n"] for r in by_status},
+            "parked": {r["parked_reason"]: r["n"] for r in parked},
+            "outcome_unknown": row["unknown"],
+            "unacknowledged_executions": row["unacked"],
+            "unacknowledged_sum": int(row["unacked_sum"]),
+            "oldest_due_age": float(row["oldest"]),
+        }
