@@ -241,8 +241,13 @@ async def test_renewal_uses_a_stale_token(store, clock, stale_because):
     after = await store.get("order-42")
     assert after["lease_expires_at"] == before["lease_expires_at"]
     assert after["status"] == before["status"] and after["token"] == before["token"]
-    assert (await store.events("order-42"))[-1]["kind"] == "renewal_lost"
-    assert (await store.events("order-42"))[-1]["token"] == d.lease.token
+    last = (await store.events("order-42"))[-1]
+    if stale_because == "acknowledged":
+        # The holder ended the lease itself: a renewal racing its own
+        # acknowledgement is not a loss worth a history entry.
+        assert last["kind"] == "acknowledged"
+    else:
+        assert last["kind"] == "renewal_lost" and last["token"] == d.lease.token
     if current is not None:
         # One batch with a stale and a current lease: only the current one renews.
         renewed, lost = await store.renew([d.lease, current.lease], LEASE)
