@@ -242,6 +242,15 @@ class Worker:
 
     def _start(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
         eid = delivery.lease.execution_id
+        stale = self._running.get(eid)
+        if stale is not None:
+            # Our own earlier lease on it expired and we claimed it again: that
+            # delivery is stale (its token is older) and must stop now.
+            log.info("delivery of %s (token %d) superseded by token %d; stopping it", eid,
+                     stale.lease.token, delivery.lease.token)
+            METRICS.leases_lost.inc()
+            stale.lost = True
+            stale.task.cancel()
         task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
         self._running[eid] = Running(delivery.lease, task)
@@ -258,9 +267,13 @@ class Worker:
 
     # ---------------------------------------------------------------- delivery
 
-    def _lease_of(self, execution_id: str, fallback: Lease) -> Lease:
+    def _lease_of(self, execution_id: str, lease: Lease) -> Lease:
+        """The freshest copy (latest expiry) of this delivery's own lease; never
+        another delivery's lease on the same execution."""
         running = self._running.get(execution_id)
-        return running.lease if running is not None else fallback
+        if running is not None and running.lease.token == lease.token:
+            return running.lease
+        return lease
 
     async def _deliver(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
         lease = delivery.lease
@@ -276,7 +289,7 @@ class Worker:
             return
         ctx = WorkflowContext(self.store, delivery, steps, definition, params)
         running = self._running.get(eid)
-        if running is not None:
+        if running is not None and running.lease.token == lease.token:
             running.ctx = ctx
         try:
             result = await definition.fn(ctx, params)
@@ -295,9 +308,7 @@ class Worker:
             METRICS.deliveries.labels("stopped").inc()
             log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc)
         except asyncio.CancelledError:
-            running = self._running.get(eid)
-            if running is not None and running.lost:
-                log.info("delivery of %s (token %d) cancelled: lease lost", eid, lease.token)
+            log.info("delivery of %s (token %d) cancelled", eid, lease.token)
             # At shutdown the drain releases the lease; either way no outcome.
         except INFRASTRUCTURE_ERRORS as exc:
             log.warning("delivery of %s: database unavailable (%s); no acknowledgement", eid, exc)
