@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import bench, devserver, serve
+from app import bench, devserver, serve, soak, tokens_cli
 from app.settings import Settings
 
 EXIT_OK = 0
@@ -148,10 +148,14 @@ COMMANDS: dict[str, Command] = {
                 _with_settings(serve.run_api, needs_database="api")),
         Command("worker", "run workflows: claim, renew, fence, acknowledge", serve.configure_worker,
                 _with_settings(serve.run_worker, needs_database="worker")),
+        Command("tokens", "create, list and revoke API tokens", tokens_cli.configure,
+                _with_settings(tokens_cli.run, needs_database="tokens")),
         Command("dev", "embedded Postgres (unless DATABASE_URL is set), API and two workers",
                 devserver.configure, _with_settings(devserver.run)),
         Command("bench", "measure throughput and latency; prints one JSON line", bench.configure,
                 _with_settings(bench.run)),
+        Command("soak", "admit under load while killing workers; verify; prints one JSON line",
+                soak.configure, _with_settings(soak.run)),
     ]
 }
 

@@ -35,7 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency: int,
                    env_extra: dict[str, str] | None = None, log_level: str = "info",
                    stderr=None) -> list[subprocess.Popen]:
-    env = {**os.environ, "DATABASE_URL": url, **(env_extra or {})}
+    # Local loopback processes for dev, bench and soak: no tokens unless the
+    # caller asks for them (FENCEPOST_AUTH in env_extra).
+    env = {**os.environ, "DATABASE_URL": url, "FENCEPOST_AUTH": "disabled", **(env_extra or {})}
     exe = [sys.executable, "-m", "app.cli"]
     common = {"env": env, "start_new_session": True, "stderr": stderr}
     # Own sessions: a Ctrl-C at the terminal reaches only this process, which
@@ -87,7 +89,7 @@ fencepost dev
   workers    {args.workers} x concurrency {args.concurrency}
   workflows  {workflows}
   database   {'embedded, data in ' + str(args.data_dir) if server else 'DATABASE_URL'}
-  auth       none: this is a development setup; do not expose it
+  auth       FENCEPOST_AUTH=disabled: a development setup; do not expose it
 
 Try:
   curl -s -X POST {base}/v1/executions -H 'content-type: application/json' \\

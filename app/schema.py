@@ -45,6 +45,8 @@ executions = Table(
     Column("params", JSONB, nullable=False),
     Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("code_version", Text, nullable=True),
+    # The API token that admitted it (a trigger token reads only its own).
+    Column("admitted_by", Text, nullable=True),
     Column("status", Text, nullable=False, server_default=text("'admitted'")),
     Column("outcome", JSONB, nullable=True),
     Column("admitted_at", DateTime(timezone=True), nullable=False, server_default=NOW),
@@ -230,4 +232,17 @@ effects = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     PrimaryKeyConstraint("execution_id", "step_key"),
     CheckConstraint("status IN ('started', 'outcome_unknown', 'retry')", name="status_known"),
+)
+
+# Bearer API tokens. Only a hash of the secret is stored; the token is shown once.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("secret_sha256", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("role IN ('trigger', 'read', 'operate')", name="role_known"),
 )

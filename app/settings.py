@@ -8,6 +8,7 @@ can run with leases of a fraction of a second.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,6 +21,9 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("DATABASE_URL", "FENCEPOST_DATABASE_URL"),
         description="Postgres URL (postgresql://user:pass@host:port/db). Unset: `dev` starts an embedded Postgres.",
+    )
+    auth: Literal["enabled", "disabled"] = Field(
+        "enabled", description="Bearer-token authentication of the API; `disabled` only for development."
     )
     lease_seconds: float = Field(30.0, gt=0, description="How long a claim holds an execution without renewal.")
     renew_seconds: float = Field(10.0, gt=0, description="How often a worker renews the leases it holds.")

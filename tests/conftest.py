@@ -48,6 +48,11 @@ from app.settings import Settings
 _CREATE_TIMES_MS: list[float] = []
 
 
+
+# The API requires tokens by default (FENCEPOST_AUTH=enabled). Tests that are
+# not about authentication run without it; tests/auth turns it on explicitly.
+os.environ.setdefault("FENCEPOST_AUTH", "disabled")
+
 def with_database(url: str, database: str) -> str:
     """`url` pointing at another database on the same server."""
     parts = urlsplit(url)

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
 from app.api.routes import executions, health, history, metrics, operations
 from app.db import create_pool
@@ -31,6 +32,7 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
             app.state.settings = settings
             app.state.store = ExecutionStore.from_settings(pool, settings)
             app.state.workflows = workflows
+            app.state.verifier = TokenVerifier(app.state.store)
             yield
         finally:
             await pool.close()

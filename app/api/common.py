@@ -12,6 +12,11 @@ from app.api.errors import ApiError, not_found
 from app.api.json_body import check_content_type, parse_json, read_body
 from app.api.models import ErrorBody
 
+AUTH_ERRORS = {
+    401: {"model": ErrorBody, "description": "UNAUTHENTICATED: no valid API token"},
+    403: {"model": ErrorBody, "description": "FORBIDDEN: the token's role does not allow this"},
+}
+
 ERRORS = {
     400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
     413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},

@@ -24,11 +24,13 @@ RETRY_AFTER_SECONDS = 2
 
 
 class ApiError(Exception):
-    def __init__(self, http_status: int, code: str, message: str, **extra: Any):
+    def __init__(self, http_status: int, code: str, message: str, *,
+                 headers: dict | None = None, **extra: Any):
         super().__init__(message)
         self.http_status = http_status
         self.code = code
         self.message = message
+        self.headers = headers
         self.extra = extra
 
 
@@ -70,7 +72,8 @@ _HTTP_CODES = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.http_status, exc.code, exc.message, **exc.extra)
+        return error_response(exc.http_status, exc.code, exc.message, headers=exc.headers,
+                              **exc.extra)
 
     @app.exception_handler(BodyError)
     async def _body_error(_: Request, exc: BodyError) -> JSONResponse:

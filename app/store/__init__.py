@@ -25,6 +25,7 @@ from app.store.operator import OperatorStatements
 from app.store.policy import PolicyStatements
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
+from app.store.tokens import TokenStatements
 from app.store.types import *  # noqa: F403
 from app.store.types import decode_cursor  # noqa: F401
 from app.store.workers import WorkerStatements
@@ -39,6 +40,7 @@ class ExecutionStore(
     SignalStatements,
     OperatorStatements,
     WorkerStatements,
+    TokenStatements,
 ):
     def __init__(
         self,

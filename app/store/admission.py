@@ -40,6 +40,7 @@ class AdmissionStatements:
         deadline: datetime | None = None,
         timeout_seconds: float | None = None,
         code_version: str | None = None,
+        admitted_by: str | None = None,
     ) -> Admitted | Conflict:
         """Record the execution and its first wake (due now) in one statement,
         or report the record that already holds the ID. IDs are never reused.
@@ -52,10 +53,10 @@ class AdmissionStatements:
                 WITH ins AS (
                     INSERT INTO executions
                         (execution_id, workflow_id, params, context, status, due_at,
-                         deadline, code_version)
+                         deadline, code_version, admitted_by)
                     -- Python None is SQL NULL on the wire; as params it means JSON null.
                     VALUES ($1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
-                            coalesce($5, now() + make_interval(secs => $7::float8)), $6)
+                            coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8)
                     ON CONFLICT (execution_id) DO NOTHING
                     RETURNING execution_id, status
                 ), ev AS (
@@ -73,6 +74,7 @@ class AdmissionStatements:
                 deadline,
                 code_version,
                 timeout_seconds,
+                admitted_by,
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             # NaN/Infinity (the encoder refuses them), \u0000 and lone
@@ -93,6 +95,7 @@ class AdmissionStatements:
                 deadline=deadline,
                 timeout_seconds=timeout_seconds,
                 code_version=code_version,
+                admitted_by=admitted_by,
             )
         return Conflict(existing["execution_id"], existing["status"], existing["workflow_id"])
 
@@ -115,6 +118,7 @@ class AdmissionStatements:
         min_unacknowledged_deliveries: int | None = None,
         cursor: str | None = None,
         limit: int = 50,
+        admitted_by: str | None = None,
     ) -> tuple[list[dict], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
         Filters apply to the healed view, as `get` reports it."""
@@ -123,6 +127,7 @@ class AdmissionStatements:
             f"""
             SELECT * FROM (SELECT {_RECORD_COLUMNS} FROM executions
                            WHERE ($4::text IS NULL OR workflow_id = $4)
+                             AND ($9::text IS NULL OR admitted_by = $9)
                              AND ($6::timestamptz IS NULL
                                   OR (admitted_at, execution_id) < ($6, $7::text))) r
             WHERE ($3::text IS NULL OR r.status = $3)
@@ -138,6 +143,7 @@ class AdmissionStatements:
             after_at,
             after_id,
             limit + 1,
+            admitted_by,
         )
         page = [dict(r) for r in rows[:limit]]
         next_cursor = None

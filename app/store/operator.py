@@ -232,3 +232,10 @@ class OperatorStatements:
         )
         return {r["workflow_id"] for r in rows}
 
+
+    async def admitted_by(self, execution_id: str) -> tuple[bool, str | None]:
+        """(exists, the token ID that admitted it)."""
+        row = await self.pool.fetchrow(
+            "SELECT admitted_by FROM executions WHERE execution_id = $1", execution_id
+        )
+        return (row is not None), (row["admitted_by"] if row is not None else None)

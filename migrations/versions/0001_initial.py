@@ -44,6 +44,7 @@ def upgrade() -> None:
     sa.Column('params', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
     sa.Column('context', postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"), nullable=False),
     sa.Column('code_version', sa.Text(), nullable=True),
+    sa.Column('admitted_by', sa.Text(), nullable=True),
     sa.Column('status', sa.Text(), server_default=sa.text("'admitted'"), nullable=False),
     sa.Column('outcome', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('admitted_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
@@ -140,9 +141,20 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['execution_id'], ['executions.execution_id'], name=op.f('fk_effects_execution_id'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('execution_id', 'step_key', name=op.f('pk_effects'))
     )
+    op.create_table('api_tokens',
+    sa.Column('token_id', sa.Text(), nullable=False),
+    sa.Column('name', sa.Text(), nullable=False),
+    sa.Column('role', sa.Text(), nullable=False),
+    sa.Column('secret_sha256', sa.Text(), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('revoked_at', sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("role IN ('trigger', 'read', 'operate')", name=op.f('ck_api_tokens_role_known')),
+    sa.PrimaryKeyConstraint('token_id', name=op.f('pk_api_tokens'))
+    )
 
 
 def downgrade() -> None:
+    op.drop_table('api_tokens')
     op.drop_table('effects')
     op.drop_table('workers')
     op.drop_index('ix_signals_pending', table_name='signals', postgresql_where=sa.text('consumed_step IS NULL'))

@@ -8,8 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import ValidationError
 
+from app.api.auth import Reader, Trigger, Waker, ensure_visible
 from app.api.common import (
     _UNSTORABLE_TEXT,
+    AUTH_ERRORS,
     ERRORS,
     _body_schema,
     _check_path_id,
@@ -34,7 +36,7 @@ from app.api.models import (
 )
 from app.store import Conflict, InvalidEvent, decode_cursor
 
-router = APIRouter(prefix="/v1/executions", tags=["executions"])
+router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=AUTH_ERRORS)
 
 @router.post(
     "",
@@ -49,7 +51,8 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"])
         422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_PARAMS"},
     },
 )
-async def admit(request: Request, response: Response, store: StoreDep, settings: SettingsDep):
+async def admit(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                principal: Trigger):
     body = await _json(request, settings)
     if not isinstance(body, dict):
         raise ApiError(
@@ -90,6 +93,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             execution_id=req.execution_id,
             deadline=req.deadline,
             timeout_seconds=timeout_seconds,
+            admitted_by=principal.token_id,
         )
     except InvalidEvent as exc:
         raise ApiError(
@@ -119,6 +123,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
 async def list_executions(
     store: StoreDep,
     settings: SettingsDep,
+    principal: Reader,
     status: Annotated[Status | None, Query()] = None,
     workflow_id: Annotated[str | None, Query(alias="workflowId", pattern=ID_PATTERN)] = None,
     min_unacknowledged_deliveries: Annotated[
@@ -146,6 +151,7 @@ async def list_executions(
         min_unacknowledged_deliveries=min_unacknowledged_deliveries,
         cursor=cursor,
         limit=limit,
+        admitted_by=principal.token_id if principal.owns_only() else None,
     )
     live = await live_workflows(store, settings)
     return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}
@@ -157,10 +163,11 @@ async def list_executions(
     summary="Read one execution's record",
     responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]},
 )
-async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDep):
+async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDep,
+                        principal: Reader):
     _check_path_id(execution_id)
     row = await store.get(execution_id)
-    if row is None:
+    if row is None or (principal.owns_only() and row["admitted_by"] != principal.token_id):
         raise not_found(execution_id)
     return record(row, await live_workflows(store, settings))
 
@@ -179,8 +186,10 @@ async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDe
     },
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
 )
-async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep):
+async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+                       principal: Waker):
     _check_path_id(execution_id)
+    await ensure_visible(store, principal, execution_id)
     at = None
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
         body = await _json(request, settings)
@@ -224,8 +233,10 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
     },
 )
 async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
-                      request: Request, store: StoreDep, settings: SettingsDep):
+                      request: Request, store: StoreDep, settings: SettingsDep,
+                      principal: Waker):
     _check_path_id(execution_id)
+    await ensure_visible(store, principal, execution_id)
     payload = None
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
         payload = await _json(request, settings)

@@ -8,12 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from app.api.common import ERRORS, _check_path_id
+from app.api.auth import Reader, StrictReader, ensure_visible
+from app.api.common import AUTH_ERRORS, ERRORS, _check_path_id
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import not_found
 from app.api.models import ErrorBody, WorkerList, worker_view
 
-router = APIRouter(tags=["history"])
+router = APIRouter(tags=["history"], responses=AUTH_ERRORS)
 
 NOT_FOUND = {404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]}
 
@@ -36,10 +37,12 @@ class LateObservationList(BaseModel):
 async def events(
     execution_id: str,
     store: StoreDep,
+    principal: Reader,
     after: Annotated[int, Query(ge=0, le=2**63 - 1, description="eventId to continue after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
+    await ensure_visible(store, principal, execution_id)
     rows = await store.events_page(execution_id, after=after, limit=limit)
     if not rows and not await store.exists(execution_id):
         raise not_found(execution_id)
@@ -57,10 +60,12 @@ async def events(
 async def steps(
     execution_id: str,
     store: StoreDep,
+    principal: Reader,
     include_values: Annotated[bool, Query(alias="includeValues",
                                           description="load results and errors")] = False,
 ):
     _check_path_id(execution_id)
+    await ensure_visible(store, principal, execution_id)
     if not await store.exists(execution_id):
         raise not_found(execution_id)
     rows = await store.step_details(execution_id, include_values=include_values)
@@ -82,8 +87,9 @@ async def steps(
             response_model=LateObservationList,
             summary="What stale holders observed after their lease was lost (evidence only)",
             responses=NOT_FOUND)
-async def late_observations(execution_id: str, store: StoreDep):
+async def late_observations(execution_id: str, store: StoreDep, principal: Reader):
     _check_path_id(execution_id)
+    await ensure_visible(store, principal, execution_id)
     if not await store.exists(execution_id):
         raise not_found(execution_id)
     rows = await store.late_observations(execution_id)
@@ -98,6 +104,6 @@ async def late_observations(execution_id: str, store: StoreDep):
 @router.get("/v1/workers", response_model=WorkerList,
             summary="Live workers and those stopped or silent within the last hour",
             responses={503: ERRORS[503]})
-async def workers(store: StoreDep, settings: SettingsDep):
+async def workers(store: StoreDep, settings: SettingsDep, _: StrictReader):
     rows = await store.list_workers(stale_after_seconds=3 * settings.renew_seconds + 1)
     return {"workers": [worker_view(r) for r in rows]}

@@ -8,13 +8,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.api.common import ERRORS, _body_schema, _check_path_id, _invalid, _json
+from app.api.auth import Operator, actor
+from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _check_path_id, _invalid, _json
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
 from app.api.models import ErrorBody, Status
 from app.store import InvalidEvent
 
-router = APIRouter(prefix="/v1/executions", tags=["operations"])
+router = APIRouter(prefix="/v1/executions", tags=["operations"], responses=AUTH_ERRORS)
 
 ACTOR = Field(None, max_length=200, description="Who decides (recorded in the history).")
 
@@ -72,10 +73,11 @@ def _optional(model: type[BaseModel]) -> dict:
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
                409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"}},
 )
-async def cancel(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep):
+async def cancel(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+                 principal: Operator):
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, ActorBody)
-    answer, status = await store.request_cancel(execution_id, body.by or "api")
+    answer, status = await store.request_cancel(execution_id, actor(principal, body.by))
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "terminal":
@@ -95,7 +97,8 @@ async def cancel(execution_id: str, request: Request, store: StoreDep, settings:
                422: {"model": ErrorBody, "description": "INVALID_RESOLUTION"}},
 )
 async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=1000)],
-                  request: Request, store: StoreDep, settings: SettingsDep):
+                  request: Request, store: StoreDep, settings: SettingsDep,
+                  principal: Operator):
     _check_path_id(execution_id)
     _check_path_id(step_key)
     body = await _json(request, settings)
@@ -111,7 +114,7 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
         raise ApiError(422, "INVALID_RESOLUTION", "result goes only with action succeed")
     try:
         answer, status = await store.resolve_step(
-            execution_id, step_key, decision.action, by=decision.by or "api",
+            execution_id, step_key, decision.action, by=actor(principal, decision.by),
             result=decision.result,
             error=decision.error.model_dump() if decision.error else None,
         )
@@ -138,10 +141,11 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
                409: {"model": ErrorBody, "description": "EXECUTION_NOT_PARKED"}},
 )
-async def resume(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep):
+async def resume(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+                 principal: Operator):
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, ActorBody)
-    answer, status = await store.resume(execution_id, body.by or "api")
+    answer, status = await store.resume(execution_id, actor(principal, body.by))
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "not_parked":
