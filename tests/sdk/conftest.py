@@ -1,0 +1,107 @@
+"""Fixtures for the in-process SDK and worker tests.
+
+Each test gets a fresh migrated database (tests/conftest.py) and runs real
+`Worker(...).run()` coroutines as asyncio tasks in the test's event loop, with
+short leases and polls so nothing waits long:
+
+  sdk_settings  Settings with lease 1 s, renewal 0.2 s, poll 0.2 s,
+                redelivery 0.05 s .. 0.5 s, shutdown grace 2 s
+  store         ExecutionStore on the test pool with those settings
+  workers       `await workers.start(concurrency=N, **setting_overrides)` starts
+                a Worker task; `await workers.stop(w)` stops one (request_stop +
+                await); every worker still running is stopped after the test
+  WORKFLOWS     the `sdk-*` workflows of tests/sdk/flows.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from app.registry import load_workflows
+from app.settings import Settings
+from app.store import ExecutionStore
+from app.worker import Worker
+from tests.sdk import flows
+
+WORKFLOWS = load_workflows(["tests.sdk.flows"])
+assert WORKFLOWS and all(w.startswith("sdk-") for w in WORKFLOWS), sorted(WORKFLOWS)
+
+
+@pytest.fixture(autouse=True)
+def _reset_flows() -> None:
+    flows.reset()
+
+
+@pytest.fixture
+def sdk_settings(database_url: str) -> Settings:
+    return Settings(
+        database_url=database_url,
+        lease_seconds=1,
+        renew_seconds=0.2,
+        poll_seconds=0.2,
+        redelivery_base_seconds=0.05,
+        redelivery_cap_seconds=0.5,
+        shutdown_grace_seconds=2,
+    )
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, sdk_settings: Settings) -> ExecutionStore:
+    s = ExecutionStore.from_settings(pool, sdk_settings)
+    flows.STORE["store"] = s
+    return s
+
+
+class Workers:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.tasks: dict[Worker, asyncio.Task] = {}
+
+    async def start(self, concurrency: int = 4, **overrides) -> Worker:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        worker = Worker(settings, WORKFLOWS, concurrency=concurrency)
+        self.tasks[worker] = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
+        # Started = registered in the workers table (the store exists then).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while worker.store is None:
+            if self.tasks[worker].done():
+                self.tasks[worker].result()  # raises what killed it
+            assert loop.time() < deadline, "worker did not start"
+            await asyncio.sleep(0.01)
+        return worker
+
+    async def stop(self, worker: Worker, timeout: float = 10.0) -> None:
+        worker.request_stop()
+        task = self.tasks.pop(worker)
+        await asyncio.wait_for(task, timeout=timeout)
+
+    async def stop_all(self) -> None:
+        errors = []
+        for worker in list(self.tasks):
+            try:
+                await self.stop(worker)
+            except Exception as exc:  # keep stopping the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest_asyncio.fixture
+async def workers(sdk_settings: Settings, store: ExecutionStore) -> AsyncIterator[Workers]:
+    # Depends on `store` so workers stop before the test pool closes.
+    pool_of_workers = Workers(sdk_settings)
+    try:
+        yield pool_of_workers
+    finally:
+        # Open every gate first, so deliveries still waiting end promptly.
+        for event in flows.GATES.values():
+            event.set()
+        for event in flows.THREAD_GATES.values():
+            event.set()
+        await pool_of_workers.stop_all()
