@@ -34,7 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency: int,
                    env_extra: dict[str, str] | None = None, log_level: str = "info",
-                   stderr=None) -> list[subprocess.Popen]:
+                   log_format: str = "json", stderr=None) -> list[subprocess.Popen]:
     # Local loopback processes for dev, bench and soak: no tokens unless the
     # caller asks for them (FENCEPOST_AUTH in env_extra).
     env = {**os.environ, "DATABASE_URL": url, "FENCEPOST_AUTH": "disabled", **(env_extra or {})}
@@ -43,12 +43,14 @@ def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency:
     # Own sessions: a Ctrl-C at the terminal reaches only this process, which
     # then stops the children in order (one SIGTERM each: a graceful stop).
     children = [subprocess.Popen(
-        [*exe, "api", "--host", host, "--port", str(port), "--log-level", log_level], **common
+        [*exe, "api", "--host", host, "--port", str(port), "--log-level", log_level,
+         "--log-format", log_format], **common
     )]
     for n in range(workers):
         children.append(subprocess.Popen(
             [*exe, "worker", "--concurrency", str(concurrency), "--worker-id",
-             f"{socket.gethostname()}-worker-{n + 1}-{os.getpid()}", "--log-level", log_level],
+             f"{socket.gethostname()}-worker-{n + 1}-{os.getpid()}", "--log-level", log_level,
+             "--log-format", log_format],
             **common,
         ))
     return children
@@ -100,7 +102,7 @@ Ctrl-C stops everything.
         flush=True,
     )
     children = spawn_children(url, host=args.host, port=args.port, workers=args.workers,
-                              concurrency=args.concurrency, env_extra=env)
+                              concurrency=args.concurrency, env_extra=env, log_format="console")
     stopping = False
 
     def on_signal(signum, _frame) -> None:

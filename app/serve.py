@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
+from app.logs import FORMATS, configure_logging
 from app.settings import Settings
-
-
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def configure_api(p: argparse.ArgumentParser) -> None:
@@ -23,6 +15,8 @@ def configure_api(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument("--workflows", help="comma-separated workflow modules (FENCEPOST_WORKFLOWS)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=FORMATS, default="json",
+                   help="json lines (default) or console")
 
 
 def run_api(args: argparse.Namespace, settings: Settings) -> int:
@@ -32,11 +26,27 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.workflows is not None:
         settings = settings.model_copy(update={"workflows": args.workflows})
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
+    asyncio.run(_preflight(settings))
     app = create_app(settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, lifespan="on")
+                access_log=False, lifespan="on", log_config=None)
     return 0
+
+
+async def _preflight(settings: Settings) -> None:
+    """Refuse to start, with one clear line, on an unreachable database or a
+    schema that is not at this build's revision."""
+    from app.db import create_pool
+    from app.migrate import SchemaOutOfDate, check_schema
+
+    pool = await create_pool(settings, min_size=1, max_size=1)
+    try:
+        await check_schema(pool)
+    except SchemaOutOfDate as exc:
+        raise SystemExit(f"error: {exc}") from None
+    finally:
+        await pool.close()
 
 
 def configure_worker(p: argparse.ArgumentParser) -> None:
@@ -49,6 +59,8 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="interface for --metrics-port (default 127.0.0.1)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=FORMATS, default="json",
+                   help="json lines (default) or console")
 
 
 def run_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -57,7 +69,7 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.workflows is not None:
         settings = settings.model_copy(update={"workflows": args.workflows})
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     if not settings.workflow_modules:
         print("error: name the workflow modules: --workflows or FENCEPOST_WORKFLOWS", file=sys.stderr)
         return 2

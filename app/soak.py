@@ -137,6 +137,8 @@ class Processes:
             **CHILD_SETTINGS,
             "DATABASE_URL": url,
             "FENCEPOST_WORKFLOWS": "app.soakflows",
+            # Loopback children of this process only, as for dev and bench.
+            "FENCEPOST_AUTH": "disabled",
             "PYTHONUNBUFFERED": "1",
         }
         self.api: Child | None = None
@@ -243,7 +245,7 @@ async def _wait_ready(procs: Processes, conn: asyncpg.Connection, timeout: float
         if procs.reap_exited():
             raise RuntimeError("a worker exited before the soak began")
         api_ready = False
-        with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError):
+        with contextlib.suppress(OSError, TimeoutError, ValueError):
             api_ready = await asyncio.wait_for(_http_get(procs.port, "/readyz"), 2) == 200
         if api_ready:
             ids = [w.worker_id for w in procs.workers]
@@ -334,7 +336,7 @@ async def _admit(port: int, run: str, rate: float, t0: float, t_end: float,
             try:
                 status, answer = await asyncio.wait_for(conn.post("/v1/executions", body),
                                                         ADMIT_TIMEOUT_SECONDS)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 conn.close()
                 out.errors.append(f"{eid}: {type(exc).__name__}: {exc}")
                 continue

@@ -18,6 +18,7 @@ import signal
 import socket
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,9 @@ import asyncpg
 from pydantic import ValidationError
 
 from app.db import asyncpg_dsn, create_pool
+from app.logs import Fields
 from app.metrics import METRICS
-from app.migrate import check_schema
+from app.migrate import SchemaOutOfDate, check_schema
 from app.reaper import LeaseReaper
 from app.registry import WorkflowDefinition
 from app.retention import RetentionPruner
@@ -63,6 +65,11 @@ class Running:
     task: asyncio.Task
     lost: bool = False
     ctx: WorkflowContext | None = None
+
+
+def _ids(lease: Lease) -> dict:
+    """Structured log fields of a delivery: identifiers only, never values."""
+    return {"execution_id": lease.execution_id, "token": lease.token}
 
 
 def _jsonable(value: dict | None) -> dict | None:
@@ -110,6 +117,7 @@ class Worker:
         self._done = asyncio.Event()  # renewer and listener may stop
         self._maybe_more_due = False
         self._signals = 0
+        self.log = Fields(log, {"worker_id": self.worker_id})
 
     # ----------------------------------------------------------------- control
 
@@ -123,9 +131,9 @@ class Worker:
         def on_signal(signum: int) -> None:
             self._signals += 1
             if self._signals > 1:
-                log.warning("second signal: exiting at once")
+                self.log.warning("second signal: exiting at once")
                 os._exit(1)
-            log.info("signal %s: stop claiming, finish running deliveries", signum)
+            self.log.info("signal %s: stop claiming, finish running deliveries", signum)
             self.request_stop()
 
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -133,18 +141,26 @@ class Worker:
 
     async def run(self) -> None:
         s = self.settings
+        # Sync step functions run on the default executor: size it so that
+        # `concurrency` of them can run at once.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=self.concurrency + 4, thread_name_prefix="step")
+        )
         pool = await create_pool(
             s, min_size=1, max_size=max(s.pool_max_size, min(self.concurrency, 40) + 3),
             application_name=f"fencepost-worker {self.worker_id}"[:63],
         )
         try:
-            await check_schema(pool)
+            try:
+                await check_schema(pool)
+            except SchemaOutOfDate as exc:
+                raise SystemExit(f"error: {exc}") from None
             self.store = ExecutionStore.from_settings(pool, s)
             await self.store.register_worker(
                 self.worker_id, host=socket.gethostname(), pid=os.getpid(),
                 workflows=sorted(self.workflows), concurrency=self.concurrency,
             )
-            log.info("worker %s started: %s, concurrency %d", self.worker_id,
+            self.log.info("worker %s started: %s, concurrency %d", self.worker_id,
                      ", ".join(sorted(self.workflows)), self.concurrency)
             side = [
                 asyncio.create_task(self._claimer(), name="claimer"),
@@ -165,7 +181,7 @@ class Worker:
                 await self.store.worker_stopped(self.worker_id)
             except INFRASTRUCTURE_ERRORS:
                 pass
-            log.info("worker %s stopped", self.worker_id)
+            self.log.info("worker %s stopped", self.worker_id)
         finally:
             await pool.close()
 
@@ -186,7 +202,7 @@ class Worker:
         them and release their leases so another worker can take them."""
         tasks = [r.task for r in self._running.values()]
         if tasks:
-            log.info("waiting up to %.1fs for %d deliveries", self.settings.shutdown_grace_seconds,
+            self.log.info("waiting up to %.1fs for %d deliveries", self.settings.shutdown_grace_seconds,
                      len(tasks))
             await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
         leftover = list(self._running.values())
@@ -197,8 +213,8 @@ class Worker:
             try:
                 await self.store.release(running.lease)
                 METRICS.unacknowledged_deliveries.inc()
-                log.info("released %s (token %d) at shutdown", running.lease.execution_id,
-                         running.lease.token)
+                self.log.info("released %s (token %d) at shutdown", running.lease.execution_id,
+                              running.lease.token, extra=_ids(running.lease))
             except (LeaseLost, *INFRASTRUCTURE_ERRORS):
                 pass
 
@@ -222,7 +238,7 @@ class Worker:
                     backoff.reset()
                 except INFRASTRUCTURE_ERRORS as exc:
                     delay = backoff.next()
-                    log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
+                    self.log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._sleep(delay)
                     continue
                 METRICS.claims.inc(len(deliveries))
@@ -246,8 +262,8 @@ class Worker:
         if stale is not None:
             # Our own earlier lease on it expired and we claimed it again: that
             # delivery is stale (its token is older) and must stop now.
-            log.info("delivery of %s (token %d) superseded by token %d; stopping it", eid,
-                     stale.lease.token, delivery.lease.token)
+            self.log.info("delivery of %s (token %d) superseded by token %d; stopping it", eid,
+                          stale.lease.token, delivery.lease.token, extra=_ids(stale.lease))
             METRICS.leases_lost.inc()
             stale.lost = True
             stale.task.cancel()
@@ -306,13 +322,15 @@ class Worker:
             await self._finish(lease, "retry", error=error_of(exc))
         except DeliveryStopped as exc:
             METRICS.deliveries.labels("stopped").inc()
-            log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc)
+            self.log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc,
+                          extra=_ids(lease))
         except asyncio.CancelledError:
-            log.info("delivery of %s (token %d) cancelled", eid, lease.token)
+            self.log.info("delivery of %s (token %d) cancelled", eid, lease.token,
+                          extra=_ids(lease))
             # At shutdown the drain releases the lease; either way no outcome.
-        except INFRASTRUCTURE_ERRORS as exc:
-            log.warning("delivery of %s: database unavailable (%s); no acknowledgement", eid, exc)
         except Exception as exc:
+            # fencepost's own database calls surface as DeliveryStopped (see
+            # WorkflowContext._fenced); anything else is the workflow's error.
             await self._finish(lease, "failed", error=error_of(exc), tb=format_traceback(exc))
         else:
             unreached = ctx.unreached_steps()
@@ -350,8 +368,8 @@ class Worker:
                 return
             if kind == "park":
                 await self.store.park_outcome_unknown(lease, step_key)
-                log.warning("execution %s parked: the outcome of effect %r is unknown",
-                            lease.execution_id, step_key)
+                self.log.warning("execution %s parked: the outcome of effect %r is unknown",
+                                 lease.execution_id, step_key, extra=_ids(lease))
                 return
             try:
                 await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb,
@@ -363,8 +381,8 @@ class Worker:
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
             METRICS.leases_lost.inc()
-            log.info("acknowledgement of %s (token %d) rejected: lease lost", lease.execution_id,
-                     lease.token)
+            self.log.info("acknowledgement of %s (token %d) rejected: lease lost",
+                          lease.execution_id, lease.token, extra=_ids(lease))
             try:
                 await self.store.record_late_observation(
                     lease, None, value={"acknowledge": kind, "result": result}, error=error
@@ -372,7 +390,8 @@ class Worker:
             except (InvalidEvent, *INFRASTRUCTURE_ERRORS):
                 pass
         except INFRASTRUCTURE_ERRORS as exc:
-            log.warning("could not acknowledge %s (%s); the lease will expire", lease.execution_id, exc)
+            self.log.warning("could not acknowledge %s (%s); the lease will expire",
+                             lease.execution_id, exc, extra=_ids(lease))
 
     # ----------------------------------------------------------------- renewer
 
@@ -395,7 +414,7 @@ class Worker:
                 interval = self.settings.renew_seconds
             except INFRASTRUCTURE_ERRORS as exc:
                 interval = min(self.settings.renew_seconds, backoff.next())
-                log.warning("renewal failed (%s); retrying in %.2fs", exc, interval)
+                self.log.warning("renewal failed (%s); retrying in %.2fs", exc, interval)
                 continue
             METRICS.renewals.inc(len(renewed))
             for lease in renewed:
@@ -408,8 +427,8 @@ class Worker:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
                     METRICS.leases_lost.inc()
-                    log.info("lease on %s (token %d) lost at renewal; stopping its delivery",
-                             lease.execution_id, lease.token)
+                    self.log.info("lease on %s (token %d) lost at renewal; stopping its delivery",
+                                  lease.execution_id, lease.token, extra=_ids(lease))
                     running.lost = True
                     running.task.cancel()
 
@@ -423,17 +442,25 @@ class Worker:
             conn = None
             try:
                 conn = await asyncpg.connect(dsn, timeout=self.settings.connect_timeout_seconds)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda *_, closed=closed: closed.set())
                 await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wakeup.set())
                 backoff.reset()
                 self._wakeup.set()  # anything admitted while we were not listening
                 while not self._done.is_set():
-                    try:
-                        await asyncio.wait_for(self._done.wait(), timeout=5.0)
-                    except TimeoutError:
-                        await conn.execute("SELECT 1", timeout=5.0)  # notice a dead connection
+                    done = asyncio.ensure_future(self._done.wait())
+                    lost = asyncio.ensure_future(closed.wait())
+                    await asyncio.wait({done, lost}, timeout=5.0,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    done.cancel()
+                    lost.cancel()
+                    if closed.is_set():
+                        raise ConnectionError("the LISTEN connection was closed")
+                    if not self._done.is_set():  # a half-open socket shows up here
+                        await conn.execute("SELECT 1", timeout=5.0)
             except (*INFRASTRUCTURE_ERRORS, asyncpg.PostgresError, TimeoutError) as exc:
                 delay = backoff.next()
-                log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
+                self.log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
             finally:
                 if conn is not None:
@@ -450,5 +477,6 @@ class Worker:
                 return
             except INFRASTRUCTURE_ERRORS as exc:
                 delay = backoff.next()
-                log.warning("%s failed (%s); retrying in %.2fs", type(service).__name__, exc, delay)
+                self.log.warning("%s failed (%s); retrying in %.2fs", type(service).__name__, exc,
+                                 delay)
                 await asyncio.sleep(delay)

@@ -28,6 +28,7 @@ from app.store.steps import StepStatements
 from app.store.tokens import TokenStatements
 from app.store.types import *  # noqa: F403
 from app.store.types import decode_cursor  # noqa: F401
+from app.store.ui import UiStatements
 from app.store.workers import WorkerStatements
 
 
@@ -41,6 +42,7 @@ class ExecutionStore(
     OperatorStatements,
     WorkerStatements,
     TokenStatements,
+    UiStatements,
 ):
     def __init__(
         self,

@@ -164,12 +164,16 @@ class LeaseStatements:
                                WHEN e.deadline <= now() THEN 'deadline' END AS interrupt
             ), ev AS (
                 -- Lost to a newer claim or to the reaper; a lease this holder
-                -- has just acknowledged itself (same token, counter 0) is not news.
+                -- has just ended itself (acknowledged: same token, counter 0;
+                -- or released) is not news.
                 INSERT INTO execution_events (execution_id, kind, token)
                 SELECT h.execution_id, 'renewal_lost', h.token
                 FROM held h JOIN executions e ON e.execution_id = h.execution_id
                 WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
                   AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
+                  AND NOT EXISTS (SELECT 1 FROM execution_events x
+                                  WHERE x.execution_id = h.execution_id AND x.token = h.token
+                                    AND x.kind = 'released')
             )
             SELECT * FROM renewed
             """,

@@ -115,12 +115,7 @@ async def test_renewal_keeps_a_delivery_longer_than_one_lease_on_one_claim(store
 
 @pytest.mark.parametrize("end", [
     "return",
-    pytest.param("retry", marks=pytest.mark.xfail(strict=True, reason=(
-        "minor bug: ExecutionStore.renew_with_interrupts (app/store/leases.py:168-172) "
-        "skips 'renewal_lost' only for a lease its holder acknowledged (same token, "
-        "counter 0); one its holder released itself (Retry reply, shutdown) is still "
-        "recorded as lost when a renewal races the release"
-    ))),
+    pytest.param("retry"),
 ])
 async def test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal(
     store, workers, end
@@ -219,11 +214,6 @@ async def test_n_due_with_concurrency_n_are_all_delivered_at_once(store, workers
     assert flows.STATE["barrier_inside"] == n
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: sync steps run on the event loop's default executor via asyncio.to_thread "
-    "(app/sdk.py:476), min(32, cpu_count + 4) threads (6 here), whatever the "
-    "worker's concurrency; deliveries beyond that wait for a thread"
-))
 async def test_n_due_with_concurrency_n_run_their_sync_steps_at_once(store, workers):
     n = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the default executor's threads
     flows.STATE["thread_barrier"] = threading.Barrier(n)

@@ -182,12 +182,6 @@ async def test_wait_for_signal_timeout_raises_signal_timeout_recorded_for_replay
     assert [s["consumed_step"] for s in await signal_rows(pool, eid)] == [None]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: SignalTimeout subclasses TimeoutError, an OSError, which the worker "
-    "treats as an infrastructure error (app/worker.py:325, INFRASTRUCTURE_ERRORS at "
-    "app/sdk.py:152): no acknowledgement, the lease is left to expire and the "
-    "execution is redelivered until parked as poison"
-))
 async def test_uncaught_signal_timeout_fails_the_execution(store, workers):
     await workers.start()
     eid = await admit(store, "sdk-signal-timeout-uncaught", "sigtimeout-uncaught")
@@ -379,12 +373,6 @@ async def test_uncaught_exception_fails_with_name_and_message_and_traceback_in_e
     assert flows.calls(eid, "body") == 1  # a failure is an outcome: not redelivered
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: any OSError raised by workflow code (FileNotFoundError, ConnectionError, "
-    "TimeoutError...) matches INFRASTRUCTURE_ERRORS (app/sdk.py:152) in "
-    "Worker._deliver (app/worker.py:325): no acknowledgement, redelivered until "
-    "parked as poison"
-))
 async def test_uncaught_oserror_in_workflow_code_fails_the_execution(store, workers):
     await workers.start()
     eid = await admit(store, "sdk-oserror", "oserror")

@@ -1,0 +1,58 @@
+"""Logging: one JSON object per line (or readable console lines for `make
+dev`), from the API and the workers alike, through structlog's formatter.
+
+Records carry structured fields where they have them: `execution_id`,
+`token`, `worker_id`, plus the event text. Logs never contain the content of
+params, results or signals: callers pass identifiers, never values.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+FORMATS = ("json", "console")
+
+
+def _drop_color_message(_, __, event_dict: dict) -> dict:
+    event_dict.pop("color_message", None)  # uvicorn's ANSI copy of the message
+    return event_dict
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    pre_chain = [
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.stdlib.ExtraAdder(),
+        _drop_color_message,
+        structlog.processors.format_exc_info,
+    ]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=pre_chain,
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+
+
+class Fields(logging.LoggerAdapter):
+    """A logger that adds fixed fields (e.g. worker_id) to every record and
+    merges them with the call's own `extra=`."""
+
+    def process(self, msg, kwargs):
+        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
+        return msg, kwargs

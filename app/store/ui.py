@@ -1,0 +1,195 @@
+"""Reads for the operator's dashboard (app/ui): a filtered, sorted listing
+with `blockedBy` computed in SQL, counts per status, per-minute activity over
+the last hour, and the leases each worker holds. Read-only statements."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from app.store.types import _RECORD_COLUMNS, _TERMINAL_SQL
+
+# How the listing may be ordered: a fixed set, never built from input.
+UI_SORTS: dict[str, str] = {
+    "admitted-desc": "admitted_at DESC, execution_id DESC",
+    "admitted-asc": "admitted_at ASC, execution_id ASC",
+    "unacked-desc": "unacknowledged_deliveries DESC, admitted_at DESC, execution_id DESC",
+    "updated-desc": "updated_at DESC, execution_id DESC",
+    "deadline-asc": "deadline ASC NULLS LAST, admitted_at DESC, execution_id DESC",
+}
+
+# app/blocked.py's answer, in the same order, over the healed record `r`;
+# 'none' for terminal records. $live: workflows some live worker runs.
+_BLOCKED_REASON_SQL = f"""
+    CASE WHEN r.status IN {_TERMINAL_SQL} THEN 'none'
+         WHEN r.status = 'parked' THEN 'parked'
+         WHEN r.status = 'running' THEN 'leased'
+         WHEN r.lease_expired THEN 'lease-expired'
+         WHEN r.redeliver_after IS NOT NULL AND r.redeliver_after > r.read_at
+              THEN 'redelivery-delay'
+         WHEN r.due_at IS NULL OR r.due_at > r.read_at
+              THEN CASE WHEN r.waiting_on ? 'signal' THEN 'waiting-for-signal'
+                        ELSE 'sleeping' END
+         WHEN NOT (r.workflow_id = ANY($4::text[])) THEN 'no-worker'
+         ELSE 'due' END
+"""
+
+_HEALED_STATUS_SQL = """
+    CASE WHEN status = 'running' AND lease_expires_at <= now()
+         THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END
+         ELSE status END
+"""
+
+
+class UiStatements:
+    pool: asyncpg.Pool
+    redelivery_base: float
+    redelivery_cap: float
+
+    async def ui_list(
+        self,
+        *,
+        live_workflows: set[str],
+        status: str | None = None,
+        workflow_id: str | None = None,
+        min_unacknowledged_deliveries: int | None = None,
+        blocked_by: str | None = None,
+        admitted_from: datetime | None = None,
+        admitted_to: datetime | None = None,
+        sort: str = "admitted-desc",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[dict], int]:
+        """One page of the healed records matching every filter given, each
+        with `blocked_reason` (app/blocked.py's reason, 'none' when terminal),
+        and how many match in all. `admitted_to` is exclusive."""
+        order = UI_SORTS[sort]
+        where = f"""
+            FROM (SELECT {_RECORD_COLUMNS} FROM executions
+                  WHERE ($5::text IS NULL OR workflow_id = $5)
+                    AND ($8::timestamptz IS NULL OR admitted_at >= $8)
+                    AND ($9::timestamptz IS NULL OR admitted_at < $9)) r
+            WHERE ($3::text IS NULL OR r.status = $3)
+              AND ($6::int IS NULL OR r.unacknowledged_deliveries >= $6)
+              AND ($7::text IS NULL OR ({_BLOCKED_REASON_SQL}) = $7)
+        """
+        args = (
+            self.redelivery_base,
+            self.redelivery_cap,
+            status,
+            sorted(live_workflows),
+            workflow_id,
+            min_unacknowledged_deliveries,
+            blocked_by,
+            admitted_from,
+            admitted_to,
+        )
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"""
+                SELECT r.*, {_BLOCKED_REASON_SQL} AS blocked_reason {where}
+                ORDER BY {order} LIMIT $10 OFFSET $11
+                """,
+                *args,
+                limit,
+                offset,
+            )
+            total = await conn.fetchval(f"SELECT count(*) {where}", *args)
+        return [dict(r) for r in rows], int(total)
+
+    async def status_counts(self) -> dict[str, int]:
+        """Executions per (healed) status."""
+        rows = await self.pool.fetch(
+            f"SELECT {_HEALED_STATUS_SQL} AS status, count(*) AS n FROM executions GROUP BY 1"
+        )
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    async def workflow_ids_seen(self, limit: int = 200) -> list[str]:
+        rows = await self.pool.fetch(
+            "SELECT DISTINCT workflow_id FROM executions ORDER BY workflow_id LIMIT $1", limit
+        )
+        return [r["workflow_id"] for r in rows]
+
+    async def activity_per_minute(self, minutes: int = 60) -> tuple[datetime, list[dict]]:
+        """(database now, one row per minute, oldest first, of the last
+        `minutes`): completions and failures (acknowledged as completed /
+        failed or timed_out) and unacknowledged deliveries (released, or a
+        lease that expired)."""
+        async with self.pool.acquire() as conn:
+            now, since = await conn.fetchrow(
+                "SELECT now(), date_trunc('minute', now()) - make_interval(mins => $1 - 1)",
+                minutes,
+            )
+            first_id = await self._first_event_id_at(conn, since)
+            rows = await conn.fetch(
+                """
+                WITH m AS (
+                    SELECT generate_series($1::timestamptz, date_trunc('minute', now()),
+                                           interval '1 minute') AS minute
+                ), ev AS (
+                    SELECT date_trunc('minute', at) AS minute, kind, detail ->> 'status' AS status
+                    FROM execution_events
+                    WHERE event_id >= $2 AND at >= $1
+                      AND kind IN ('acknowledged', 'released', 'lease_expired')
+                )
+                SELECT m.minute,
+                       count(ev.kind) FILTER (WHERE ev.kind = 'acknowledged'
+                                              AND ev.status = 'completed') AS completed,
+                       count(ev.kind) FILTER (WHERE ev.kind = 'acknowledged'
+                                              AND ev.status IN ('failed', 'timed_out')) AS failed,
+                       count(ev.kind) FILTER (WHERE ev.kind IN ('released', 'lease_expired'))
+                           AS unacknowledged
+                FROM m LEFT JOIN ev ON ev.minute = m.minute
+                GROUP BY m.minute ORDER BY m.minute
+                """,
+                since,
+                first_id,
+            )
+        return now, [dict(r) for r in rows]
+
+    @staticmethod
+    async def _first_event_id_at(conn: asyncpg.Connection, since: datetime) -> int:
+        """A lower bound for the IDs of events written at or after `since`,
+        found by bisecting the primary key (events have no index on `at`), so
+        the activity read scans only the last hour's events. `at` is the
+        writing transaction's start and event IDs come from a sequence, so
+        they are nearly in the same order: the bound is taken 10 minutes early."""
+        bounds = await conn.fetchrow("SELECT min(event_id), max(event_id) FROM execution_events")
+        low, high = bounds[0], bounds[1]
+        if low is None:
+            return 0
+        target = await conn.fetchval("SELECT $1::timestamptz - interval '10 minutes'", since)
+        # Invariant: every event before `low` was written before `target`.
+        while low < high:
+            mid = (low + high) // 2
+            at = await conn.fetchval(
+                "SELECT at FROM execution_events WHERE event_id >= $1 ORDER BY event_id LIMIT 1",
+                mid,
+            )
+            if at is not None and at < target:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    async def leases_by_owner(self) -> dict[str, int]:
+        """Live leases per holder (reads the lease-expiry partial index)."""
+        rows = await self.pool.fetch(
+            "SELECT lease_owner, count(*) AS n FROM executions "
+            "WHERE status = 'running' AND lease_expires_at > now() GROUP BY lease_owner"
+        )
+        return {r["lease_owner"]: int(r["n"]) for r in rows}
+
+    async def outcome_unknown_effects(self, execution_id: str) -> list[dict]:
+        """The effect attempts of one execution waiting for an operator."""
+        rows = await self.pool.fetch(
+            """
+            SELECT step_key, idempotency_key, function_name, attempts, token, started_at,
+                   updated_at
+            FROM effects WHERE execution_id = $1 AND status = 'outcome_unknown'
+            ORDER BY started_at
+            """,
+            execution_id,
+        )
+        return [dict(r) for r in rows]
