@@ -47,6 +47,10 @@ executions = Table(
     Column("code_version", Text, nullable=True),
     # The API token that admitted it (a trigger token reads only its own).
     Column("admitted_by", Text, nullable=True),
+    # Set for a child workflow: the parent and the parent's step that started
+    # it (the receipt that makes start_child idempotent).
+    Column("parent_execution_id", Text, nullable=True),
+    Column("parent_step_key", Text, nullable=True),
     Column("status", Text, nullable=False, server_default=text("'admitted'")),
     Column("outcome", JSONB, nullable=True),
     Column("admitted_at", DateTime(timezone=True), nullable=False, server_default=NOW),
@@ -106,6 +110,12 @@ Index(
     "ix_executions_deadline",
     executions.c.deadline,
     postgresql_where=text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"),
+)
+# Children of a parent: woken on their end, cancelled with it.
+Index(
+    "ix_executions_parent",
+    executions.c.parent_execution_id,
+    postgresql_where=text("parent_execution_id IS NOT NULL"),
 )
 # Retention reads only terminal rows, oldest first.
 Index(

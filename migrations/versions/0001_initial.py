@@ -45,6 +45,8 @@ def upgrade() -> None:
     sa.Column('context', postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"), nullable=False),
     sa.Column('code_version', sa.Text(), nullable=True),
     sa.Column('admitted_by', sa.Text(), nullable=True),
+    sa.Column('parent_execution_id', sa.Text(), nullable=True),
+    sa.Column('parent_step_key', sa.Text(), nullable=True),
     sa.Column('status', sa.Text(), server_default=sa.text("'admitted'"), nullable=False),
     sa.Column('outcome', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('admitted_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
@@ -71,6 +73,7 @@ def upgrade() -> None:
     )
     op.create_index('ix_executions_deadline', 'executions', ['deadline'], unique=False, postgresql_where=sa.text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"))
     op.create_index('ix_executions_terminal_updated', 'executions', ['updated_at'], unique=False, postgresql_where=sa.text("status IN ('completed', 'failed', 'cancelled', 'timed_out')"))
+    op.create_index('ix_executions_parent', 'executions', ['parent_execution_id'], unique=False, postgresql_where=sa.text('parent_execution_id IS NOT NULL'))
     op.create_index('ix_executions_due', 'executions', ['due_at'], unique=False, postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
     op.create_index('ix_executions_lease_expiry', 'executions', ['lease_expires_at'], unique=False, postgresql_where=sa.text("status = 'running'"))
     op.create_index('ix_executions_status_admitted', 'executions', ['status', 'admitted_at'], unique=False)
@@ -168,6 +171,7 @@ def downgrade() -> None:
     op.drop_index('ix_executions_lease_expiry', table_name='executions', postgresql_where=sa.text("status = 'running'"))
     op.drop_index('ix_executions_deadline', table_name='executions', postgresql_where=sa.text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"))
     op.drop_index('ix_executions_terminal_updated', table_name='executions', postgresql_where=sa.text("status IN ('completed', 'failed', 'cancelled', 'timed_out')"))
+    op.drop_index('ix_executions_parent', table_name='executions', postgresql_where=sa.text('parent_execution_id IS NOT NULL'))
     op.drop_index('ix_executions_due', table_name='executions', postgresql_where=sa.text("status IN ('admitted', 'suspended')"))
     op.drop_table('executions')
     op.drop_index('ix_execution_events_execution', table_name='execution_events')
