@@ -10,6 +10,7 @@ migrations beside the installed package) is replayed in a temporary directory.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -19,10 +20,13 @@ import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
+from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from app.cli import build_parser
 from app.registry import load_workflows
@@ -307,6 +311,58 @@ def test_build_recipe_replayed_finds_migrations_from_the_installed_wheel(dockerf
     from app.migrate import head_revision
 
     assert head == head_revision()
+
+
+def _installed_closure(requirements: list[str]) -> set[str]:
+    """Distributions pip installs for `requirements` (as far as this venv knows them)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    names: set[str] = set()
+    stack = [(Requirement(r), frozenset({""})) for r in requirements]
+    while stack:
+        req, parent_extras = stack.pop()
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in parent_extras):
+            continue
+        name = canonicalize_name(req.name)
+        extras = frozenset(req.extras) | {""}
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        names.add(name)
+        try:
+            children = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        stack += [(Requirement(c), extras) for c in children]
+    return names
+
+
+def test_image_dependencies_cover_every_import_of_the_app():
+    """The builder installs only [project].dependencies: everything `app` imports
+    must come from them (directly or through them), or the image fails at run time."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = _installed_closure(project["dependencies"])
+    # Only `fencepost dev` uses the embedded extra, and it imports it lazily.
+    embedded = _installed_closure(project["optional-dependencies"].get("embedded", []))
+    providers = metadata.packages_distributions()
+    missing = []
+    for source in sorted((ROOT / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in {"app", "__future__"}:
+                    continue
+                dists = {canonicalize_name(d) for d in providers.get(top, [])}
+                if not dists & (installed | embedded):
+                    missing.append(f"{source.relative_to(ROOT)} imports {top} ({', '.join(dists)})")
+    assert not missing, (
+        "not installed in the image; add to [project].dependencies:\n" + "\n".join(missing)
+    )
 
 
 def _copy_tree(origin: Path, target: Path) -> None:
