@@ -10,6 +10,7 @@
 | `redelivery-delay` | the last delivery ended unacknowledged; not claimable until T | look at the events and logs |
 | `sleeping` | a durable timer, due at T | wait, or wake it now |
 | `waiting-for-signal` | waits for signal NAME (until T, if it has a timeout) | send the signal |
+| `waiting-for-child` | waits for child execution ID to end | look at the child |
 | `no-worker` | due, but no live worker runs this workflow | start a worker with this workflow |
 | `due` | due, waiting for a free worker | add workers or concurrency if it lasts |
 """
@@ -45,6 +46,8 @@ def blocked_by(row: dict, live_workflows: set[str] | None) -> dict | None:
     due_at = row["due_at"]
     waiting_on = row.get("waiting_on") or {}
     if due_at is None or due_at > now:
+        if "child" in waiting_on:
+            return {"reason": "waiting-for-child", "child": waiting_on["child"]}
         if "signal" in waiting_on:
             return {"reason": "waiting-for-signal", "signal": waiting_on["signal"], "until": due_at}
         return {"reason": "sleeping", "step": waiting_on.get("sleep"), "until": due_at}

@@ -26,7 +26,14 @@ import asyncpg
 
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition, workflow
-from app.store import Delivery, ExecutionStore, InvalidEvent, LeaseLost, StepRecord
+from app.store import (
+    Delivery,
+    ExecutionStore,
+    InvalidEvent,
+    LeaseLost,
+    StepRecord,
+    TransactionFailed,
+)
 
 __all__ = [
     "workflow",
@@ -40,6 +47,7 @@ __all__ = [
     "DeadlineExceeded",
     "OutcomeUnknown",
     "NOT_FOUND",
+    "ChildFailed",
 ]
 
 
@@ -89,6 +97,20 @@ class Cancelled(BaseException):  # noqa: N818 - named for what happened
 class DeadlineExceeded(BaseException):  # noqa: N818
     """Raised into workflow code once the execution's deadline has passed (or
     a sleep would end after it); the execution ends `timed_out`."""
+
+
+class ChildFailed(Exception):  # noqa: N818
+    """A child workflow ended without completing (failed, cancelled or
+    timed out); carries the child's error name and message."""
+
+    def __init__(self, child_id: str, status: str, error: dict):
+        self.child_id = child_id
+        self.child_status = status
+        self.error_name = error.get("name", "Error")
+        self.error_message = error.get("message", "")
+        super().__init__(
+            f"child {child_id!r} ended {status}: {self.error_name}: {self.error_message}"
+        )
 
 
 class OutcomeUnknown(Exception):  # noqa: N818
@@ -191,8 +213,10 @@ class WorkflowContext:
         steps: dict[str, StepRecord],
         definition: WorkflowDefinition,
         params: Any,
+        workflows: dict[str, WorkflowDefinition] | None = None,
     ):
         self._store = store
+        self._workflows = workflows or {}
         self._delivery = delivery
         self._lease = delivery.lease
         self._steps = dict(steps)
@@ -298,6 +322,97 @@ class WorkflowContext:
             # The remote side answered with an error: a known outcome.
             return self._settled(await self._record(key, name, attempts, error=error_of(exc)))
         return self._settled(await self._record_value(key, name, attempts, value))
+
+    async def transaction(self, key: str, fn: Callable, *args: Any,
+                          retry: RetryPolicy | None = None) -> Any:
+        """Run `await fn(conn, *args)` inside the very transaction that checks
+        this delivery's token and records the step's receipt: the function's
+        writes and the receipt commit together or not at all, and a stale
+        holder is rolled back (LeaseLost) before it can commit anything. On
+        replay the recorded result is returned and `fn` does not run. This is
+        the exactly-once path for data in fencepost's own Postgres."""
+        self._raise_interrupt()
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"transaction {key!r}: fn must be an async function taking a connection")
+        name = _function_name(fn)
+        recorded = self._take(key, name)
+        if recorded is not None:
+            return self._replay(recorded)
+        policy = retry or NO_RETRY
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                record = await self._fenced(
+                    self._store.transaction_step(self._lease, key, fn, args, function_name=name,
+                                                 attempts=attempt, check_value=json_problem),
+                    key,
+                )
+            except TransactionFailed as failed:
+                exc = failed.cause
+                if policy.retries(exc, attempt) and await self._retry_fits(key, policy.delay(attempt)):
+                    continue
+                return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
+            except InvalidEvent as exc:
+                error = {"name": "StepResultNotJSON", "message": str(exc)}
+                return self._settled(await self._record(key, name, attempt, error=error))
+            return self._settled(record)
+
+    async def start_child(self, key: str, workflow_id: str, params: Any = None, *,
+                          execution_id: str | None = None) -> str:
+        """Admit a child execution once, whatever replays or stale holders do:
+        its ID (default "{execution_id}:{key}") and the link to this step are
+        the receipt. Returns the child's execution ID. An `execution_id` taken
+        by an unrelated execution fails the step (StepFailed, ExecutionIdConflict)."""
+        self._raise_interrupt()
+        recorded = self._take(key, f"child:{workflow_id}")
+        if recorded is not None:
+            return self._replay(recorded)
+        child_id = execution_id or f"{self.execution_id}:{key}"
+        definition = self._workflows.get(workflow_id)
+        if definition is not None:
+            definition.parse_params(params if params is not None else {})
+        answer, detail = await self._fenced(
+            self._store.start_child(self._lease, key, workflow_id=workflow_id,
+                                    params=params if params is not None else {},
+                                    child_id=child_id),
+            key,
+        )
+        if answer == "conflict":
+            error = {
+                "name": "ExecutionIdConflict",
+                "message": f"execution {child_id!r} already exists (status {detail['status']}, "
+                           f"workflow {detail['workflowId']}) and is not this step's child",
+            }
+            return self._settled(await self._record(key, f"child:{workflow_id}", 1, error=error))
+        return self._settled(await self._record(key, f"child:{workflow_id}", 1, value=child_id))
+
+    async def wait_for_child(self, key: str, child_id: str) -> Any:
+        """The child's result once it has ended (recorded as step `key`); the
+        delivery suspends until then (the child's end wakes this execution).
+        A child that failed, was cancelled or timed out raises ChildFailed."""
+        self._raise_interrupt()
+        recorded = self._take(key, "child-wait")
+        if recorded is None:
+            status, outcome = await self._fenced(self._store.child_status(child_id), key)
+            if status is None:
+                error = {"name": "ChildNotFound", "message": f"no execution {child_id!r}"}
+                recorded = await self._record(key, "child-wait", 1, error=error)
+            elif status == "completed":
+                recorded = await self._record(key, "child-wait", 1, value=outcome["result"])
+            elif status in ("failed", "cancelled", "timed_out"):
+                error = {"name": "ChildFailed", "message": f"child {child_id!r} ended {status}",
+                         "childStatus": status, "childError": (outcome or {}).get("error", {})}
+                recorded = await self._record(key, "child-wait", 1, error=error)
+            else:
+                self.suspended_on = {"child": child_id}
+                raise Suspend(f"waiting for child {child_id!r}")
+        self.notice(recorded.interrupt)
+        self._steps[key] = recorded
+        if recorded.status == "failed" and (recorded.error or {}).get("name") == "ChildFailed":
+            raise ChildFailed(child_id, recorded.error.get("childStatus", "failed"),
+                              recorded.error.get("childError") or {})
+        return self._settled(recorded)
 
     async def sleep(self, key: str, duration: float | timedelta) -> None:
         """A durable timer: the wake time (database clock) is recorded as step

@@ -303,7 +303,7 @@ class Worker:
                 "message": f"params no longer match {definition.params_model.__name__}: {exc}",
             })
             return
-        ctx = WorkflowContext(self.store, delivery, steps, definition, params)
+        ctx = WorkflowContext(self.store, delivery, steps, definition, params, self.workflows)
         running = self._running.get(eid)
         if running is not None and running.lease.token == lease.token:
             running.ctx = ctx

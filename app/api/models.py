@@ -83,6 +83,7 @@ class ExecutionSummary(Camel):
     redeliver_after: datetime | None
     deadline: datetime | None
     cancel_requested_at: datetime | None
+    parent_execution_id: str | None = None
     parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
     blocked_by: dict[str, Any] | None = Field(
         None, description="Why it is not moving: reason (due, leased, lease-expired, "
@@ -158,6 +159,7 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
         "redeliverAfter": row["redeliver_after"],
         "deadline": row["deadline"],
         "cancelRequestedAt": row["cancel_requested_at"],
+        "parentExecutionId": row["parent_execution_id"],
         "parked": (
             {"reason": row["parked_reason"], "step": row["parked_step"]}
             if row["status"] == "parked" else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.admission import AdmissionStatements
+from app.store.compose import ComposeStatements, TransactionFailed  # noqa: F401
 from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
 from app.store.operator import OperatorStatements
@@ -38,6 +39,7 @@ class ExecutionStore(
     PolicyStatements,
     StepStatements,
     EffectStatements,
+    ComposeStatements,
     SignalStatements,
     OperatorStatements,
     WorkerStatements,

@@ -119,6 +119,7 @@ class AdmissionStatements:
         cursor: str | None = None,
         limit: int = 50,
         admitted_by: str | None = None,
+        parent_execution_id: str | None = None,
     ) -> tuple[list[dict], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
         Filters apply to the healed view, as `get` reports it."""
@@ -128,6 +129,7 @@ class AdmissionStatements:
             SELECT * FROM (SELECT {_RECORD_COLUMNS} FROM executions
                            WHERE ($4::text IS NULL OR workflow_id = $4)
                              AND ($9::text IS NULL OR admitted_by = $9)
+                             AND ($10::text IS NULL OR parent_execution_id = $10)
                              AND ($6::timestamptz IS NULL
                                   OR (admitted_at, execution_id) < ($6, $7::text))) r
             WHERE ($3::text IS NULL OR r.status = $3)
@@ -144,6 +146,7 @@ class AdmissionStatements:
             after_id,
             limit + 1,
             admitted_by,
+            parent_execution_id,
         )
         page = [dict(r) for r in rows[:limit]]
         next_cursor = None

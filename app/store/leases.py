@@ -7,6 +7,7 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES
+from app.store.compose import WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.types import (
     NOTIFY_CHANNEL,
@@ -287,8 +288,9 @@ class LeaseStatements:
                         redeliver_after = NULL,
                         updated_at = now()
                     WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
-                    RETURNING e.execution_id, e.token, e.status, e.outcome, e.due_at
-                ), ev AS (
+                    RETURNING e.execution_id, e.token, e.status, e.outcome, e.due_at,
+                              e.parent_execution_id
+                ), {WAKE_PARENTS.format(ended="a")}, ev AS (
                     INSERT INTO execution_events (execution_id, kind, token, detail)
                     SELECT execution_id, 'acknowledged', token,
                            jsonb_strip_nulls(jsonb_build_object(
@@ -299,7 +301,8 @@ class LeaseStatements:
                     WHERE status IN ('cancelled', 'timed_out')
                 )
                 SELECT status, outcome,
-                       CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
+                       CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
+                            THEN pg_notify('{NOTIFY_CHANNEL}', '') END
                 FROM a
                 """,
                 lease.execution_id,

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from app.store.compose import WAKE_PARENTS
 from app.store.types import _TERMINAL_SQL, NOTIFY_CHANNEL, InvalidEvent
 
 CancelAnswer = Literal["cancelled", "requested", "terminal", "not_found"]
@@ -22,45 +23,55 @@ class OperatorStatements:
         """Request-first cancellation: the request is persisted (with an event)
         before anyone acts on it. An execution nobody holds (no live lease) is
         cancelled at once; a held one keeps running until its holder sees the
-        request at its next fenced write or renewal. Returns (answer, status)."""
+        request at its next fenced write or renewal. The request reaches every
+        unfinished descendant (child workflows) in the same statement.
+        Returns (answer, status) for `execution_id`."""
+        held = "e.status = 'running' AND e.lease_expires_at > now()"
         row = await self.pool.fetchrow(
             f"""
-            WITH c AS (
+            WITH RECURSIVE tree AS (
+                SELECT execution_id FROM executions
+                WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+                UNION
+                SELECT x.execution_id FROM executions x JOIN tree t
+                  ON x.parent_execution_id = t.execution_id
+                WHERE x.status NOT IN {_TERMINAL_SQL}
+            ), c AS (
                 UPDATE executions e
                 SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
                     cancel_requested_by = coalesce(e.cancel_requested_by, $2),
-                    status = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
-                                  THEN 'running' ELSE 'cancelled' END,
-                    outcome = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
-                                   THEN NULL
+                    status = CASE WHEN {held} THEN 'running' ELSE 'cancelled' END,
+                    outcome = CASE WHEN {held} THEN NULL
                                    ELSE jsonb_build_object('error', jsonb_build_object(
                                        'name', 'Cancelled',
                                        'message', 'cancelled at the request of '
                                                   || coalesce(e.cancel_requested_by, $2),
                                        'requestedAt', coalesce(e.cancel_requested_at, now())))
                               END,
-                    lease_owner = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
-                                       THEN e.lease_owner END,
-                    lease_expires_at = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
-                                            THEN e.lease_expires_at END,
-                    due_at = CASE WHEN e.status = 'running' AND e.lease_expires_at > now()
-                                  THEN e.due_at END,
-                    covered_due_at = CASE WHEN e.status = 'running'
-                                               AND e.lease_expires_at > now()
-                                          THEN e.covered_due_at END,
+                    lease_owner = CASE WHEN {held} THEN e.lease_owner END,
+                    lease_expires_at = CASE WHEN {held} THEN e.lease_expires_at END,
+                    due_at = CASE WHEN {held} THEN e.due_at END,
+                    covered_due_at = CASE WHEN {held} THEN e.covered_due_at END,
                     parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
                     updated_at = now()
-                WHERE e.execution_id = $1 AND e.status NOT IN {_TERMINAL_SQL}
-                RETURNING e.execution_id, e.token, e.status
-            ), ev AS (
+                FROM tree
+                WHERE e.execution_id = tree.execution_id AND e.status NOT IN {_TERMINAL_SQL}
+                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+            ), {WAKE_PARENTS.format(ended="c")}, ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'cancel_requested', token, jsonb_build_object('by', $2::text)
+                SELECT execution_id, 'cancel_requested', token,
+                       jsonb_strip_nulls(jsonb_build_object(
+                           'by', $2::text,
+                           'parentExecutionId', CASE WHEN execution_id <> $1
+                                                     THEN parent_execution_id END))
                 FROM c
                 UNION ALL
                 SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
                 FROM c WHERE status = 'cancelled'
             )
-            SELECT status FROM c
+            SELECT status, (SELECT count(*) FROM parent_wake) AS woke,
+                   (SELECT count(*) FROM c) AS touched
+            FROM c WHERE execution_id = $1
             """,
             execution_id,
             by,

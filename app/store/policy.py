@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from app.store.compose import WAKE_PARENTS
+
 # Outcomes of the terminal ends no workflow code chose.
 CANCELLED_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
     'name', 'Cancelled',
@@ -50,8 +52,8 @@ WITH target AS (
         updated_at = now()
     FROM target t
     WHERE e.execution_id = t.execution_id
-    RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries
-), ev AS (
+    RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries, e.parent_execution_id
+), {WAKE_PARENTS.format(ended="s")}, ev AS (
     INSERT INTO execution_events (execution_id, kind, token, detail)
     SELECT execution_id, status, token,
            CASE WHEN status = 'parked'
@@ -77,8 +79,8 @@ WITH target AS (
         updated_at = now()
     FROM target t
     WHERE e.execution_id = t.execution_id
-    RETURNING e.execution_id, e.token
-), ev AS (
+    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+), {WAKE_PARENTS.format(ended="s")}, ev AS (
     INSERT INTO execution_events (execution_id, kind, token)
     SELECT execution_id, 'timed_out', token FROM s
 )

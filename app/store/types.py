@@ -105,6 +105,7 @@ _RECORD_COLUMNS = """
     execution_id, workflow_id, params, context, code_version, outcome,
     admitted_at, updated_at, token, deadline, cancel_requested_at,
     parked_reason, parked_step, ever_suspended, waiting_on, cancel_requested_by, admitted_by,
+    parent_execution_id,
     (status = 'running' AND lease_expires_at <= now()) AS lease_expired,
     CASE WHEN status = 'running' AND lease_expires_at <= now()
          THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END

@@ -101,6 +101,16 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             f"params or context cannot be stored exactly ({exc}); send plain JSON values",
         ) from None
     if isinstance(result, Conflict):
+        if principal.owns_only():
+            _, owner = await store.admitted_by(result.execution_id)
+            if owner != principal.token_id:
+                # Another's execution: say only that the ID is taken.
+                raise ApiError(
+                    409, "EXECUTION_ID_CONFLICT",
+                    f"execution ID {result.execution_id!r} is already taken; IDs are never "
+                    "reused: admit under a new ID",
+                    executionId=result.execution_id,
+                )
         raise ApiError(
             409,
             "EXECUTION_ID_CONFLICT",
@@ -129,6 +139,9 @@ async def list_executions(
     min_unacknowledged_deliveries: Annotated[
         int | None, Query(alias="minUnacknowledgedDeliveries", ge=0, le=2**31 - 1)
     ] = None,
+    parent_execution_id: Annotated[
+        str | None, Query(alias="parentExecutionId", pattern=ID_PATTERN)
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ):
@@ -152,6 +165,7 @@ async def list_executions(
         cursor=cursor,
         limit=limit,
         admitted_by=principal.token_id if principal.owns_only() else None,
+        parent_execution_id=parent_execution_id,
     )
     live = await live_workflows(store, settings)
     return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}

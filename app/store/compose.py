@@ -1,0 +1,221 @@
+"""How workflows compose with the world, each made safe by the fence or by a
+receipt with a unique identity: transactional steps (the user's writes and
+the step's receipt commit together), and child workflows (admitted under an
+ID derived from the parent's step, so a repeat starts nothing new)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import asyncpg
+
+from app.store.types import (
+    _TERMINAL_SQL,
+    INTERRUPT_SQL,
+    NOTIFY_CHANNEL,
+    InvalidEvent,
+    Lease,
+    LeaseLost,
+    StepRecord,
+    _step,
+)
+
+# Every statement that can end an execution wakes its parent in the same
+# statement, so a parent waiting for a child cannot miss the end. `{ended}`
+# names a CTE returning (parent_execution_id, status) of the rows it ended.
+WAKE_PARENTS = """
+    parent_wake AS (
+        UPDATE executions p SET due_at = least(p.due_at, now()), updated_at = now()
+        FROM (SELECT DISTINCT parent_execution_id FROM {ended}
+              WHERE parent_execution_id IS NOT NULL
+                AND status IN ('completed', 'failed', 'cancelled', 'timed_out')) c
+        WHERE p.execution_id = c.parent_execution_id
+          AND p.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+        RETURNING p.execution_id
+    )"""
+
+
+class TransactionFailed(Exception):
+    """The user's function (or its result) failed inside a transactional
+    step; the transaction was rolled back, nothing of it was committed."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+ChildAnswer = Literal["started", "existing", "conflict"]
+
+
+class ComposeStatements:
+    pool: asyncpg.Pool
+
+    async def transaction_step(
+        self,
+        lease: Lease,
+        step_key: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple,
+        *,
+        function_name: str,
+        attempts: int,
+        check_value: Callable[[Any], str | None],
+    ) -> StepRecord:
+        """Run `fn(conn, *args)` inside the transaction that checks the token
+        and records the step's receipt: both commit, or neither does.
+
+        FOR SHARE on the execution row is held for the whole transaction: a
+        claim that committed first makes the token check fail (LeaseLost,
+        rolled back before `fn` runs); a claim that comes later skips the
+        row until this transaction has committed, and then finds the receipt.
+        A receipt already present returns the recorded result; `fn` does not run.
+        """
+        async with self.pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    fence = await conn.fetchrow(
+                        f"""
+                        SELECT {INTERRUPT_SQL} FROM executions
+                        WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                        FOR SHARE
+                        """,
+                        lease.execution_id,
+                        lease.token,
+                    )
+                    if fence is None:
+                        raise LeaseLost(lease.execution_id, lease.token)
+                    existing = await conn.fetchrow(
+                        """
+                        SELECT step_key, status, value, error, function_name, attempts, token,
+                               recorded_at
+                        FROM execution_steps WHERE execution_id = $1 AND step_key = $2
+                        """,
+                        lease.execution_id,
+                        step_key,
+                    )
+                    if existing is not None:
+                        return _step(existing, fence["interrupt"])
+                    try:
+                        value = await fn(conn, *args)
+                    except Exception as exc:
+                        raise TransactionFailed(exc) from exc
+                    problem = check_value(value)
+                    if problem is not None:
+                        raise TransactionFailed(TypeError(
+                            f"step {step_key!r} returned a value that is not JSON: {problem}"
+                        ))
+                    try:
+                        row = await conn.fetchrow(
+                            """
+                            WITH ins AS (
+                                INSERT INTO execution_steps
+                                    (execution_id, step_key, status, value, function_name,
+                                     attempts, token)
+                                VALUES ($1, $3, 'completed', $4, $5, $6, $2)
+                                RETURNING step_key, status, value, error, function_name,
+                                          attempts, token, recorded_at
+                            ), ev AS (
+                                INSERT INTO execution_events (execution_id, kind, token, detail)
+                                SELECT $1, 'step_recorded', $2,
+                                       jsonb_build_object('stepKey', $3::text,
+                                                          'status', 'completed',
+                                                          'transaction', true)
+                                FROM ins
+                            )
+                            SELECT * FROM ins
+                            """,
+                            lease.execution_id,
+                            lease.token,
+                            step_key,
+                            value,
+                            function_name,
+                            attempts,
+                        )
+                    except (ValueError, TypeError, asyncpg.DataError) as exc:
+                        raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+                    return _step(row, fence["interrupt"])
+            finally:
+                # The user's code may have changed session state (SET, prepared
+                # statements); pool connections are otherwise not reset.
+                if not conn.is_closed():
+                    await conn.reset()
+
+    async def start_child(
+        self,
+        lease: Lease,
+        step_key: str,
+        *,
+        workflow_id: str,
+        params: Any,
+        child_id: str,
+    ) -> tuple[ChildAnswer, dict]:
+        """Admit the child under `child_id`, linked to the parent's step: the
+        (parent, step) receipt makes a repeat (replay, or a stale holder racing
+        the current one) return the same child and start nothing. An ID taken
+        by an unrelated execution is a conflict. The parent must not have
+        ended (a stale holder of an ended parent starts nothing)."""
+        try:
+            row = await self.pool.fetchrow(
+                f"""
+                WITH parent AS (
+                    -- FOR SHARE: the parent cannot end between this check and the insert.
+                    SELECT execution_id FROM executions
+                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+                    FOR SHARE
+                ), ins AS (
+                    INSERT INTO executions
+                        (execution_id, workflow_id, params, context, status, due_at,
+                         parent_execution_id, parent_step_key)
+                    SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted', now(),
+                           $1, $2
+                    FROM parent
+                    ON CONFLICT (execution_id) DO NOTHING
+                    RETURNING execution_id
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, detail)
+                    SELECT execution_id, 'admitted',
+                           jsonb_build_object('workflowId', $4::text, 'parentExecutionId', $1::text)
+                    FROM ins
+                    UNION ALL
+                    SELECT $1, 'child_started',
+                           jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
+                    FROM ins
+                )
+                SELECT (SELECT count(*) FROM parent) AS parent_live,
+                       (SELECT count(*) FROM ins) AS inserted,
+                       pg_notify('{NOTIFY_CHANNEL}', '')
+                """,
+                lease.execution_id,
+                step_key,
+                child_id,
+                workflow_id,
+                params,
+            )
+        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            raise InvalidEvent(f"child params: {exc}") from exc
+        if row["inserted"]:
+            return "started", {"executionId": child_id}
+        if not row["parent_live"]:
+            raise LeaseLost(lease.execution_id, lease.token)
+        existing = await self.pool.fetchrow(
+            "SELECT status, workflow_id, parent_execution_id, parent_step_key FROM executions "
+            "WHERE execution_id = $1",
+            child_id,
+        )
+        if existing is None:  # deleted in between (retention): try again
+            return await self.start_child(lease, step_key, workflow_id=workflow_id,
+                                          params=params, child_id=child_id)
+        if (existing["parent_execution_id"], existing["parent_step_key"]) == (
+            lease.execution_id, step_key
+        ):
+            return "existing", {"executionId": child_id}
+        return "conflict", {"executionId": child_id, "status": existing["status"],
+                            "workflowId": existing["workflow_id"]}
+
+    async def child_status(self, child_id: str) -> tuple[str | None, dict | None]:
+        """(status, outcome) of a child; (None, None) when it does not exist."""
+        row = await self.pool.fetchrow(
+            "SELECT status, outcome FROM executions WHERE execution_id = $1", child_id
+        )
+        return (row["status"], row["outcome"]) if row is not None else (None, None)
