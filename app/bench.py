@@ -3,14 +3,16 @@
 Starts the API and W worker processes on DATABASE_URL (or a throw-away
 embedded Postgres), then:
 
-1. start latency: admits executions one at a time to idle workers and reads,
+1. each side alone: N admissions over HTTP with no worker running (the API
+   alone), then W workers drain that backlog (the workers alone);
+2. start latency: admits executions one at a time to idle workers and reads,
    from the database clock, how long each took from admission to its first
    recorded step (p50/p99);
-2. throughput: admits N executions of a 3-step workflow over HTTP from
+3. end to end: admits N executions of a 3-step workflow over HTTP from
    concurrent clients while the workers run them; admissions/s is measured at
    the client, executions/s from the first admission to the last completion
    on the database clock;
-3. commits per execution: the database's transaction counter over the run,
+4. commits per execution: the database's transaction counter over the run,
    divided by N (everything counts: API, workers, polling, renewals).
 
 Machines here are shared and noisy: compare figures within one run.
@@ -179,17 +181,70 @@ async def _commits(conn: asyncpg.Connection) -> int:
     )
 
 
-async def _measure(url: str, port: int, args: argparse.Namespace) -> dict:
+async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, clients: int,
+                   start_workers, base: str, workers: int) -> dict:
+    """Admissions with no worker running (the API alone), then the workers
+    drain that backlog (the workers alone): each side's own rate."""
+    latencies: list[float] = []
+    bodies = [
+        json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-backlog-{i}",
+                    "params": {"n": i}}).encode()
+        for i in range(n)
+    ]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(_admit_over(port, bodies[c::clients], latencies) for c in range(clients)))
+    admit_seconds = time.perf_counter() - t0
+    start_workers()
+    await _wait_ready(base, conn, workers)
+    deadline = time.monotonic() + max(120, n / 20)
+    pattern = f"{run}-backlog-%"
+    while await conn.fetchval(
+        "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status <> 'completed'",
+        pattern,
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not drain the backlog in time")
+        await asyncio.sleep(0.1)
+    span = await conn.fetchval(
+        """
+        SELECT extract(epoch FROM max(e.updated_at) - (
+            SELECT min(v.at) FROM execution_events v
+            WHERE v.execution_id LIKE $1 AND v.kind = 'claimed'))
+        FROM executions e WHERE e.execution_id LIKE $1
+        """,
+        pattern,
+    )
+    return {
+        "admissions_per_second": n / admit_seconds,
+        "admission_latency_p50_ms": _percentile(latencies, 0.5),
+        "admission_latency_p99_ms": _percentile(latencies, 0.99),
+        "backlog_executions_per_second": n / float(span),
+    }
+
+
+async def _measure(url: str, port: int, args: argparse.Namespace, start_workers) -> dict:
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        await _wait_ready(base, conn, args.workers)
+        await _wait_ready(base, conn, 0)
         run = f"bench-{uuid.uuid4().hex[:8]}"
+        alone = await _backlog(port, conn, run, args.executions, args.clients, start_workers,
+                               base, args.workers)
         async with httpx.AsyncClient(base_url=base) as client:
             latency = await _start_latency(client, conn, run, args.latency_samples)
         commits_before = await _commits(conn)
-        result = await _throughput(port, conn, run, args.executions, args.clients)
+        mixed = await _throughput(port, conn, run, args.executions, args.clients)
         commits = await _commits(conn) - commits_before
+        result = {
+            "executions_per_second": mixed["executions_per_second"],
+            "admissions_per_second": alone["admissions_per_second"],
+            "admissions_per_second_while_running": mixed["admissions_per_second"],
+            "backlog_executions_per_second": alone["backlog_executions_per_second"],
+            "admission_latency_p50_ms": alone["admission_latency_p50_ms"],
+            "admission_latency_p99_ms": alone["admission_latency_p99_ms"],
+            "admission_latency_p99_ms_while_running": mixed["admission_latency_p99_ms"],
+            "wall_seconds": mixed["wall_seconds"],
+        }
         result.update({
             "start_latency_p50_ms": _percentile(latency, 0.5),
             "start_latency_p99_ms": _percentile(latency, 0.99),
@@ -218,11 +273,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     port = _free_port()
     env = {"FENCEPOST_WORKFLOWS": "app.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
     devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
-    children = spawn_children(url, host="127.0.0.1", port=port, workers=args.workers,
-                              concurrency=args.concurrency, env_extra=env, log_level="warning",
-                              stderr=devnull)
+    options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
+               "env_extra": env, "log_level": "warning", "stderr": devnull}
+    children = spawn_children(url, workers=0, **options)
+
+    def start_workers() -> None:
+        children.extend(spawn_children(url, workers=args.workers, api=False, **options))
+
     try:
-        result = asyncio.run(_measure(url, port, args))
+        result = asyncio.run(_measure(url, port, args, start_workers))
     finally:
         stop_children(children)
         devnull.close()

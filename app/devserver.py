@@ -34,7 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency: int,
                    env_extra: dict[str, str] | None = None, log_level: str = "info",
-                   log_format: str = "json", stderr=None) -> list[subprocess.Popen]:
+                   log_format: str = "json", stderr=None, api: bool = True,
+                   first_worker: int = 1) -> list[subprocess.Popen]:
     # Local loopback processes for dev, bench and soak: no tokens unless the
     # caller asks for them (FENCEPOST_AUTH in env_extra).
     env = {**os.environ, "DATABASE_URL": url, "FENCEPOST_AUTH": "disabled", **(env_extra or {})}
@@ -42,11 +43,13 @@ def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency:
     common = {"env": env, "start_new_session": True, "stderr": stderr}
     # Own sessions: a Ctrl-C at the terminal reaches only this process, which
     # then stops the children in order (one SIGTERM each: a graceful stop).
-    children = [subprocess.Popen(
-        [*exe, "api", "--host", host, "--port", str(port), "--log-level", log_level,
-         "--log-format", log_format], **common
-    )]
-    for n in range(workers):
+    children = []
+    if api:
+        children.append(subprocess.Popen(
+            [*exe, "api", "--host", host, "--port", str(port), "--log-level", log_level,
+             "--log-format", log_format], **common
+        ))
+    for n in range(first_worker - 1, first_worker - 1 + workers):
         children.append(subprocess.Popen(
             [*exe, "worker", "--concurrency", str(concurrency), "--worker-id",
              f"{socket.gethostname()}-worker-{n + 1}-{os.getpid()}", "--log-level", log_level,
