@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint dev clean-venv
+.PHONY: venv browser test lint dev clean-venv
 
 venv: $(STAMP)
 
@@ -16,7 +16,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,embedded]'
 	touch $(STAMP)
 
-test: venv
+# Debian's Chromium for the dashboard's browser tests (tests/ui); CI runs as root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+test: venv browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: venv

@@ -15,6 +15,7 @@ from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
+from app.ui import routes as ui_routes
 
 
 def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | None = None) -> FastAPI:
@@ -49,4 +50,5 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(operations.router)
     app.include_router(history.router)
     app.include_router(metrics.router)
+    app.include_router(ui_routes.router)
     return app

@@ -1,0 +1,1 @@
+"""The operator's dashboard: server-rendered pages under /ui (see routes.py)."""

@@ -1,0 +1,278 @@
+"""What the templates show, computed in Python: times in words, `blockedBy`
+in plain words, JSON values with large ones collapsed, event kinds, and the
+activity chart's geometry. Nothing here is HTML: the templates escape it all."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+# ------------------------------------------------------------------- times
+
+
+def fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso(value: datetime | None) -> str:
+    return value.astimezone(UTC).isoformat() if value is not None else ""
+
+
+def duration_words(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 1:
+        return "less than a second"
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        m, s = divmod(int(seconds), 60)
+        return f"{m} min {s} s" if s and m < 10 else f"{m} min"
+    if seconds < 86400:
+        h, rest = divmod(int(seconds), 3600)
+        return f"{h} h {rest // 60} min" if rest >= 60 else f"{h} h"
+    d, rest = divmod(int(seconds), 86400)
+    return f"{d} d {rest // 3600} h" if rest >= 3600 else f"{d} d"
+
+
+def relative(value: datetime | None, now: datetime) -> str:
+    """'in 4 min' / '12 s ago', against the database's clock."""
+    if value is None:
+        return ""
+    delta = (value - now).total_seconds()
+    if abs(delta) < 1:
+        return "now"
+    words = duration_words(delta)
+    return f"in {words}" if delta > 0 else f"{words} ago"
+
+
+# --------------------------------------------------------------- blockedBy
+
+# The reasons of app/blocked.py, for the filter and the list (short words).
+BLOCKED_REASONS: dict[str, str] = {
+    "due": "due: waiting for a free worker",
+    "leased": "leased: a worker is running it",
+    "lease-expired": "lease expired: awaiting takeover",
+    "redelivery-delay": "redelivery delay after an unacknowledged delivery",
+    "sleeping": "sleeping on a durable timer",
+    "waiting-for-signal": "waiting for a signal",
+    "parked": "parked: needs an operator",
+    "no-worker": "no live worker runs its workflow",
+    "none": "nothing: it has ended",
+}
+
+
+@dataclass(frozen=True)
+class Blocked:
+    reason: str  # a key of BLOCKED_REASONS
+    headline: str
+    detail: str
+    todo: str
+    at: datetime | None = None  # the time it waits for (or waits since)
+    at_label: str = ""
+    short: str = ""  # for the listing
+
+
+def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
+    """`blocked`: app.blocked.blocked_by(rec, live); `rec`: the healed record."""
+    if blocked is None:
+        return Blocked("none", f"Nothing: it has ended ({rec['status'].replace('_', ' ')}).",
+                       "A finished execution keeps its outcome; nothing will run again.",
+                       "Nothing to do.", short="—")
+    reason = blocked["reason"]
+    if reason == "parked":
+        step = blocked.get("step")
+        if blocked.get("parkedReason") == "outcome_unknown":
+            return Blocked(
+                reason, f"Parked: the outcome of step “{step}” is unknown.",
+                "A delivery called out to another system for this step and never learned "
+                "whether the call took effect. No worker will touch the execution until an "
+                "operator decides how the step ended.",
+                "Check the other system (the idempotency key is below), then resolve the step: "
+                "retry it, record it as succeeded, or record it as failed.",
+                short=f"parked: outcome of “{step}” unknown")
+        return Blocked(
+            reason, f"Parked as poison after {rec['unacknowledged_deliveries']} deliveries "
+            "that ended without an acknowledgement.",
+            "Every delivery crashed, was stopped or lost its lease before it finished, so "
+            "fencepost stopped redelivering it.",
+            "Find the cause in the events and the worker logs, fix it, then resume. One more "
+            "unacknowledged delivery parks it again.", short="parked as poison")
+    if reason == "leased":
+        owner = blocked.get("owner") or "a worker"
+        cancel = (" A cancel was requested: the holder stops at its next step."
+                  if blocked.get("cancelRequested") else "")
+        return Blocked(reason, f"Running: worker {owner} holds its lease.",
+                       "The holder renews the lease while it works; if it stops renewing, "
+                       "another worker takes over after the lease expires." + cancel,
+                       "Wait.", blocked.get("until"), "lease expires", f"leased by {owner}")
+    if reason == "lease-expired":
+        return Blocked(reason, "Its lease expired: the holder stopped renewing.",
+                       "The delivery counts as unacknowledged. Another worker takes it over "
+                       "once the redelivery delay has passed.",
+                       "Check the holder (see the workers page and the events).",
+                       blocked.get("until"), "claimable again", "lease expired")
+    if reason == "redelivery-delay":
+        return Blocked(reason, "Waiting out the redelivery delay.",
+                       "The last delivery ended without an acknowledgement (a crash, a stop, "
+                       "a retry or a lost lease); the delay grows with each one.",
+                       "Look at the events and the worker logs.",
+                       blocked.get("until"), "claimable again", "redelivery delay")
+    if reason == "sleeping":
+        step = blocked.get("step")
+        what = f"on the durable timer of step “{step}”" if step else "until its next wake"
+        return Blocked(reason, f"Sleeping {what}.",
+                       "No worker holds it; it becomes due when the timer fires.",
+                       "Wait, or wake it now.", blocked.get("until"), "wakes", "sleeping")
+    if reason == "waiting-for-signal":
+        name = blocked.get("signal")
+        until = blocked.get("until")
+        return Blocked(reason, f"Waiting for the signal “{name}”.",
+                       "It continues when the signal arrives"
+                       + (", or when the wait times out." if until else "."),
+                       f"Send the signal: POST /v1/executions/{rec['execution_id']}/signals/{name}.",
+                       until, "wait times out", f"waiting for signal “{name}”")
+    if reason == "no-worker":
+        return Blocked(reason, f"Due, but no live worker runs workflow “{blocked.get('workflowId')}”.",
+                       "Workers advertise the workflows they run; none alive advertises this one.",
+                       "Start a worker with this workflow (FENCEPOST_WORKFLOWS).",
+                       blocked.get("since"), "due since", "no live worker")
+    return Blocked("due", "Due: waiting for a free worker.",
+                   "It will be claimed by the next worker with free capacity.",
+                   "Add workers or concurrency if this lasts.", blocked.get("since"), "due since",
+                   "due")
+
+
+# -------------------------------------------------------------- JSON values
+
+SHORT_CHARS = 120
+SHOWN_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class JsonView:
+    compact: str  # one line, possibly cut
+    full: str  # indented, possibly cut
+    big: bool  # collapse it
+    size: int  # characters of the compact form
+    cut: bool  # `full` was cut at SHOWN_CHARS
+
+
+def json_view(value: Any) -> JsonView:
+    compact = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    big = len(compact) > SHORT_CHARS
+    full = json.dumps(value, ensure_ascii=False, indent=2, default=str) if big else compact
+    cut = len(full) > SHOWN_CHARS
+    return JsonView(
+        compact=compact[:SHORT_CHARS] + ("…" if big else ""),
+        full=full[:SHOWN_CHARS],
+        big=big,
+        size=len(compact),
+        cut=cut,
+    )
+
+
+# ------------------------------------------------------------------ events
+
+EVENT_WORDS: dict[str, str] = {
+    "admitted": "admitted",
+    "claimed": "claimed: a delivery started",
+    "acknowledged": "delivery acknowledged",
+    "released": "delivery ended without acknowledgement",
+    "lease_expired": "lease expired: the holder stopped renewing",
+    "renewal_lost": "a holder's renewal was refused",
+    "fenced_write_rejected": "a stale holder's write was rejected",
+    "step_recorded": "step recorded",
+    "wake_requested": "wake requested",
+    "signal_received": "signal received",
+    "signal_consumed": "signal consumed",
+    "effect_started": "external call attempted",
+    "effect_attempted": "external call attempted again",
+    "parked": "parked",
+    "resolved": "step resolved by an operator",
+    "resumed": "resumed by an operator",
+    "cancel_requested": "cancel requested",
+    "cancelled": "cancelled",
+    "timed_out": "timed out: the deadline passed",
+}
+
+
+def event_words(kind: str) -> str:
+    return EVENT_WORDS.get(kind, kind.replace("_", " "))
+
+
+# ------------------------------------------------------------------- chart
+
+SERIES = (
+    ("completed", "completions"),
+    ("failed", "failures (failed or timed out)"),
+    ("unacknowledged", "unacknowledged deliveries"),
+)
+
+
+@dataclass(frozen=True)
+class ChartPoint:
+    x: float
+    label: str  # the minute, for the hover title
+    values: dict[str, int]
+    ys: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    left: int
+    top: int
+    plot_w: float
+    plot_h: float
+    slot: float
+    y_ticks: list[tuple[float, int]]  # (y, value)
+    x_ticks: list[tuple[float, str]]  # (x, HH:MM)
+    lines: list[tuple[str, str, str]]  # (series key, label, polyline points)
+    points: list[ChartPoint]
+    totals: dict[str, int]
+    rows: list[dict]
+
+
+def _nice_ceiling(value: int) -> int:
+    if value <= 4:
+        return 4
+    magnitude = 10 ** int(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        top = int(step * magnitude)
+        if top >= value and top % 4 == 0:
+            return top
+    return int(math.ceil(value / 4) * 4)
+
+
+def activity_chart(rows: list[dict], *, width: int = 1080, height: int = 240) -> Chart:
+    left, right, top, bottom = 40, 12, 12, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = max(len(rows), 1)
+    slot = plot_w / n
+    peak = max([r[key] for r in rows for key, _ in SERIES] or [0])
+    y_max = _nice_ceiling(peak)
+
+    def y(v: int) -> float:
+        return round(top + plot_h - (v / y_max) * plot_h, 1)
+
+    points = []
+    for i, r in enumerate(rows):
+        x = round(left + slot * (i + 0.5), 1)
+        minute = r["minute"].astimezone(UTC).strftime("%H:%M")
+        values = {key: int(r[key]) for key, _ in SERIES}
+        points.append(ChartPoint(x, minute, values, {k: y(v) for k, v in values.items()}))
+    lines = []
+    for key, label in SERIES:
+        coords = " ".join(f"{p.x},{p.ys[key]}" for p in points)
+        lines.append((key, label, coords))
+    y_ticks = [(y(v), v) for v in range(0, y_max + 1, y_max // 4)]
+    x_ticks = [(p.x, p.label) for i, p in enumerate(points) if (len(points) - 1 - i) % 10 == 0]
+    totals = {key: sum(p.values[key] for p in points) for key, _ in SERIES}
+    return Chart(width, height, left, top, plot_w, plot_h, slot, y_ticks, x_ticks, lines,
+                 points, totals, rows)
