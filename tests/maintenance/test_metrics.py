@@ -1,0 +1,82 @@
+"""Metrics are present and move on a small run: the worker's counters and
+histograms, and the database gauges the API's /metrics reads."""
+
+import asyncio
+import re
+
+import httpx
+
+from app.api.app import create_app
+from app.metrics import METRICS
+from app.registry import load_workflows
+from app.settings import Settings
+from app.store import ExecutionStore
+from app.worker import Worker
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$"
+    found = re.search(pattern, text, re.M)
+    assert found, f"{name}{labels} missing from:\n{text}"
+    return float(found.group(1))
+
+
+async def wait_until(predicate, timeout=15.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_metrics_are_present_and_move(database_url, pool):
+    settings = Settings(database_url=database_url, lease_seconds=2, renew_seconds=0.2,
+                        poll_seconds=0.1, redelivery_base_seconds=0.05,
+                        redelivery_cap_seconds=0.1, auth="disabled")
+    store = ExecutionStore.from_settings(pool, settings)
+    workflows = load_workflows(["tests.maintenance.flows"])
+    before = METRICS.render().decode()
+    claims0 = sample(before, "fencepost_claims_total")
+    released0 = sample(before, "fencepost_unacknowledged_deliveries_total")
+    steps0 = sample(before, "fencepost_step_duration_seconds_count")
+    completed0 = sample(before, "fencepost_deliveries_total", '{outcome="completed"}') \
+        if 'outcome="completed"' in before else 0.0
+
+    app = create_app(settings, workflows)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+            for i in range(3):
+                await store.admit(workflow_id="mnt-ok", params={}, execution_id=f"ok-{i}")
+            await store.admit(workflow_id="mnt-retry-once", params={}, execution_id="retry")
+            await store.admit(workflow_id="mnt-ok", params={}, execution_id="stuck")
+            await pool.execute(  # parked as poison, for the gauge
+                "UPDATE executions SET status = 'parked', parked_reason = 'poison', "
+                "unacknowledged_deliveries = 25, due_at = NULL WHERE execution_id = 'stuck'")
+
+            gauges = (await c.get("/metrics")).text
+            assert sample(gauges, "fencepost_executions", '{status="admitted"}') == 4
+            assert sample(gauges, "fencepost_parked_executions", '{reason="poison"}') == 1
+            assert sample(gauges, "fencepost_unacknowledged_deliveries_current") == 25
+            assert sample(gauges, "fencepost_oldest_due_age_seconds") >= 0
+
+            worker = Worker(settings, workflows, concurrency=4)
+            task = asyncio.create_task(worker.run())
+            try:
+                async def all_done():
+                    rows = await pool.fetch("SELECT status FROM executions "
+                                            "WHERE execution_id <> 'stuck'")
+                    return all(r["status"] == "completed" for r in rows)
+                await wait_until(all_done)
+            finally:
+                worker.request_stop()
+                await task
+
+            gauges = (await c.get("/metrics")).text
+            assert sample(gauges, "fencepost_executions", '{status="admitted"}') == 0
+            assert sample(gauges, "fencepost_executions_with_unacknowledged_deliveries") == 1
+
+    after = METRICS.render().decode()
+    assert sample(after, "fencepost_claims_total") >= claims0 + 5  # 4 + the redelivery
+    assert sample(after, "fencepost_unacknowledged_deliveries_total") == released0 + 1
+    assert sample(after, "fencepost_step_duration_seconds_count") >= steps0 + 3
+    assert sample(after, "fencepost_deliveries_total", '{outcome="completed"}') >= completed0 + 4
+    assert sample(after, "fencepost_delivery_duration_seconds_count") >= 5
