@@ -5,7 +5,6 @@ activity chart's geometry. Nothing here is HTML: the templates escape it all."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -239,15 +238,22 @@ class Chart:
     rows: list[dict]
 
 
-def _nice_ceiling(value: int) -> int:
-    if value <= 4:
-        return 4
-    magnitude = 10 ** int(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        top = int(step * magnitude)
-        if top >= value and top % 4 == 0:
-            return top
-    return int(math.ceil(value / 4) * 4)
+def _nice_scale(value: int) -> tuple[int, int]:
+    """(top of the y axis, tick step): the lowest top of 3 to 6 ticks of
+    1, 2 or 5 times a power of ten that reaches `value`."""
+    if value <= 0:
+        return 4, 1
+    best: tuple[int, int] | None = None
+    for exponent in range(0, 19):
+        for base in (1, 2, 5):
+            step = base * 10**exponent
+            for n in (3, 4, 5, 6):
+                if n * step >= value and (best is None or n * step < best[0]):
+                    best = (n * step, step)
+        if 10**exponent > value:
+            break
+    assert best is not None
+    return best
 
 
 def activity_chart(rows: list[dict], *, width: int = 1080, height: int = 240) -> Chart:
@@ -256,7 +262,7 @@ def activity_chart(rows: list[dict], *, width: int = 1080, height: int = 240) ->
     n = max(len(rows), 1)
     slot = plot_w / n
     peak = max([r[key] for r in rows for key, _ in SERIES] or [0])
-    y_max = _nice_ceiling(peak)
+    y_max, y_step = _nice_scale(peak)
 
     def y(v: int) -> float:
         return round(top + plot_h - (v / y_max) * plot_h, 1)
@@ -271,7 +277,7 @@ def activity_chart(rows: list[dict], *, width: int = 1080, height: int = 240) ->
     for key, label in SERIES:
         coords = " ".join(f"{p.x},{p.ys[key]}" for p in points)
         lines.append((key, label, coords))
-    y_ticks = [(y(v), v) for v in range(0, y_max + 1, y_max // 4)]
+    y_ticks = [(y(v), v) for v in range(0, y_max + 1, y_step)]
     x_ticks = [(p.x, p.label) for i, p in enumerate(points) if (len(points) - 1 - i) % 10 == 0]
     totals = {key: sum(p.values[key] for p in points) for key, _ in SERIES}
     return Chart(width, height, left, top, plot_w, plot_h, slot, y_ticks, x_ticks, lines,

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
-import pytest
 import pytest_asyncio
 import uvicorn
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
@@ -185,8 +184,3 @@ async def open_ui(settings: Settings, pool: asyncpg.Pool, browser: Browser):
         assert not ui.foreign, f"requests to another origin: {ui.foreign}"
         assert not ui.dialogs, f"dialogs opened: {ui.dialogs}"
         assert not ui.console_errors, f"console errors: {ui.console_errors}"
-
-
-@pytest.fixture(autouse=True)
-def _ui_timeout(request):
-    request.node.add_marker(pytest.mark.timeout(120))
