@@ -1,0 +1,139 @@
+"""Fixtures for the operator tests (issue 4: effects, cancellation, deadlines,
+poison, blockedBy, resolve/resume, history).
+
+  op_settings  Settings with short timings: lease 1 s, renewal 0.2 s, poll 0.2 s,
+               redelivery 0.05 s .. 0.2 s, shutdown grace 1 s (API auth disabled)
+  store        ExecutionStore on the test pool with those settings
+  api          httpx client on create_app(op_settings, workflows of
+               tests.operator.flows), lifespan running, in-process (ASGITransport)
+  workers      `await workers.start(**setting_overrides)`: an in-process Worker task
+  procs        real `fencepost worker` processes (tests/operator/procs.py); the
+               fake remote's side tables exist; logs printed when a test fails
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.api.app import create_app
+from app.registry import load_workflows
+from app.settings import Settings
+from app.store import ExecutionStore
+from app.worker import Worker
+from tests.operator import flows
+from tests.operator.procs import Procs
+
+WORKFLOWS = load_workflows(["tests.operator.flows"])
+assert WORKFLOWS and all(w.startswith("op-") for w in WORKFLOWS), sorted(WORKFLOWS)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"_op_report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _reset_flows() -> None:
+    flows.reset()
+
+
+# The API's bearer-token authentication, where the tree has it, is another
+# suite's subject: these tests act as the anonymous operator.
+_NO_AUTH = {"auth": "disabled"} if "auth" in Settings.model_fields else {}
+
+
+@pytest.fixture
+def op_settings(database_url: str) -> Settings:
+    return Settings(
+        **_NO_AUTH,
+        database_url=database_url,
+        lease_seconds=1,
+        renew_seconds=0.2,
+        poll_seconds=0.2,
+        redelivery_base_seconds=0.05,
+        redelivery_cap_seconds=0.2,
+        shutdown_grace_seconds=1,
+        workflows="",
+    )
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, op_settings: Settings) -> ExecutionStore:
+    return ExecutionStore.from_settings(pool, op_settings)
+
+
+@pytest_asyncio.fixture
+async def api(op_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(op_settings, workflows=WORKFLOWS)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fencepost.test",
+                                     timeout=30) as client:
+            yield client
+
+
+class Workers:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.tasks: dict[Worker, asyncio.Task] = {}
+
+    async def start(self, concurrency: int = 8, workflows=None, **overrides) -> Worker:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        worker = Worker(settings, workflows or WORKFLOWS, concurrency=concurrency)
+        task = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
+        self.tasks[worker] = task
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while worker.store is None:  # registered once the store exists
+            if task.done():
+                task.result()
+            assert loop.time() < deadline, "worker did not start"
+            await asyncio.sleep(0.01)
+        return worker
+
+    async def stop(self, worker: Worker) -> None:
+        worker.request_stop()
+        await asyncio.wait_for(self.tasks.pop(worker), timeout=10)
+
+    async def stop_all(self) -> None:
+        for event in flows.GATES.values():
+            event.set()
+        first: BaseException | None = None
+        for worker in list(self.tasks):
+            try:
+                await self.stop(worker)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+@pytest_asyncio.fixture
+async def workers(op_settings: Settings, store: ExecutionStore) -> AsyncIterator[Workers]:
+    # Depends on `store` (the pool) so the workers stop before the pool closes.
+    w = Workers(op_settings)
+    try:
+        yield w
+    finally:
+        await w.stop_all()
+
+
+@pytest_asyncio.fixture
+async def procs(request, database_url: str, pool: asyncpg.Pool, tmp_path) -> AsyncIterator[Procs]:
+    await pool.execute(flows.REMOTE_DDL)
+    p = Procs(database_url, tmp_path / "logs", pool)
+    try:
+        yield p
+    finally:
+        p.kill_all()  # before database_url drops the database under them
+        report = getattr(request.node, "_op_report_call", None)
+        if report is None or report.failed:
+            print(p.logs())
