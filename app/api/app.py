@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
+from app.api.openapi import publish
 from app.api.routes import executions, health, history, metrics, operations
 from app.db import create_pool
 from app.migrate import check_schema
@@ -45,6 +46,7 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    publish(app)
     app.include_router(health.router)
     app.include_router(executions.router)
     app.include_router(operations.router)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from app.api.errors import ApiError
 from app.store import ExecutionStore
 
 ROLES = ("trigger", "read", "operate")
+# fp_<token id: hex>_<secret: URL-safe base64>, as new_token() makes them.
+_TOKEN_SHAPE = re.compile(r"fp_([0-9a-f]{1,64})_([A-Za-z0-9_-]{1,256})")
 AUTH_CACHE_SECONDS = 5.0
 
 
@@ -75,12 +78,15 @@ class TokenVerifier:
         return principal
 
     async def _lookup(self, token: str) -> Principal | None:
-        parts = token.split("_", 2)
-        if len(parts) != 3 or parts[0] != "fp" or not parts[1] or not parts[2]:
+        # Only the shape new_token() issues goes to the database: header text
+        # may hold anything latin-1, NUL included, which Postgres text refuses.
+        match = _TOKEN_SHAPE.fullmatch(token)
+        if match is None:
             return None
-        row = await self.store.find_token(parts[1])
+        token_id, secret = match.groups()
+        row = await self.store.find_token(token_id)
         expected = row["secret_sha256"] if row else _digest("no such token")
-        matches = hmac.compare_digest(expected, _digest(parts[2]))
+        matches = hmac.compare_digest(expected, _digest(secret))
         if row is None or not matches:
             return None
         roles = {"operate", "read"} if row["role"] == "operate" else {row["role"]}

@@ -12,10 +12,15 @@ from app.api.errors import ApiError, not_found
 from app.api.json_body import check_content_type, parse_json, read_body
 from app.api.models import ErrorBody
 
-AUTH_ERRORS = {
+# 401 on every authenticated route; 403 only on routes some role may not use
+# (a documented status must be one a request can produce).
+UNAUTHENTICATED = {
     401: {"model": ErrorBody, "description": "UNAUTHENTICATED: no valid API token"},
+}
+FORBIDDEN = {
     403: {"model": ErrorBody, "description": "FORBIDDEN: the token's role does not allow this"},
 }
+AUTH_ERRORS = {**UNAUTHENTICATED, **FORBIDDEN}
 
 ERRORS = {
     400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
@@ -24,6 +29,30 @@ ERRORS = {
     422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
     503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
 }
+INVALID_QUERY = {
+    422: {"model": ErrorBody, "description": "INVALID_REQUEST: a query parameter is malformed "
+          "or out of range"},
+}
+
+
+def _inline_defs(schema: dict) -> dict:
+    """pydantic puts nested models under `$defs` and refers to them as
+    `#/$defs/Name`, which in an OpenAPI document points at the document's
+    root, where there is no `$defs`: inline them (no body model is recursive)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return walk({**defs[ref.removeprefix("#/$defs/")], **rest})
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
 
 
 def _body_schema(model) -> dict:
@@ -32,7 +61,22 @@ def _body_schema(model) -> dict:
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema(by_alias=True)}},
+            "content": {"application/json": {
+                "schema": _inline_defs(model.model_json_schema(by_alias=True))}},
+        }
+    }
+
+
+def _optional_body_schema(model) -> dict:
+    """An optional body: absent, the model as a JSON object, or JSON `null`
+    (read as no body)."""
+    schema = _inline_defs(model.model_json_schema(by_alias=True))
+    return {
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": {
+                "anyOf": [schema, {"type": "null", "description": "The same as no body."}],
+            }}},
         }
     }
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from app.blocked import blocked_by
@@ -15,6 +15,17 @@ ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 ID_RULE = "1 to 200 characters from A-Z a-z 0-9 . _ : -"
 
 Status = Literal[STATUSES]  # type: ignore[valid-type]
+
+
+def _time_string(value: Any) -> Any:
+    """Times travel as RFC 3339 strings, as documented; pydantic alone would
+    also read numbers as Unix timestamps."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("give a time as an RFC 3339 string, for example 2026-01-01T00:00:00Z")
+    return value
+
+
+TimeString = Annotated[datetime, BeforeValidator(_time_string)]
 
 
 class Camel(BaseModel):
@@ -33,11 +44,11 @@ class AdmitRequest(Camel):
     )
     params: Any = Field(default_factory=dict, description="Any JSON value, stored once.")
     context: dict[str, Any] = Field(default_factory=dict, description="A JSON object, stored once.")
-    deadline: datetime | None = Field(
+    deadline: TimeString | None = Field(
         None, description="RFC 3339 time with offset; past it the execution ends timed_out."
     )
     timeout_seconds: float | None = Field(
-        None, gt=0, le=10 * 365 * 86400,
+        None, gt=0, le=10 * 365 * 86400, strict=True,
         description="Deadline relative to admission (database clock); not with deadline.",
     )
 
@@ -50,7 +61,7 @@ class Admission(Camel):
 class WakeRequest(Camel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
 
-    at: datetime | None = Field(
+    at: TimeString | None = Field(
         None, description="Due time (RFC 3339 with offset); omitted: now (database clock)."
     )
 

@@ -11,12 +11,14 @@ from pydantic import ValidationError
 from app.api.auth import Reader, Trigger, Waker, ensure_visible
 from app.api.common import (
     _UNSTORABLE_TEXT,
-    AUTH_ERRORS,
     ERRORS,
+    FORBIDDEN,
+    UNAUTHENTICATED,
     _body_schema,
     _check_path_id,
     _invalid,
     _json,
+    _optional_body_schema,
 )
 from app.api.deps import SettingsDep, StoreDep, live_workflows
 from app.api.errors import ApiError, not_found
@@ -36,7 +38,7 @@ from app.api.models import (
 )
 from app.store import Conflict, InvalidEvent, decode_cursor
 
-router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=AUTH_ERRORS)
+router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
 @router.post(
     "",
@@ -45,6 +47,7 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=AUTH_
     summary="Admit an execution: record it once and make it due now",
     openapi_extra=_body_schema(AdmitRequest),
     responses={
+        **FORBIDDEN,
         **ERRORS,
         404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
@@ -128,7 +131,8 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
     "",
     response_model=ExecutionPage,
     summary="List executions, newest first (keyset pagination)",
-    responses={422: ERRORS[422], 503: ERRORS[503]},
+    responses={422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_CURSOR"},
+               503: ERRORS[503]},
 )
 async def list_executions(
     store: StoreDep,
@@ -190,15 +194,9 @@ async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDe
     "/{execution_id}/wakes",
     response_model=WakeAnswer,
     summary="Ask for a delivery at a time (default now); wakes merge to the earliest",
-    openapi_extra={
-        "requestBody": {
-            "required": False,
-            "content": {
-                "application/json": {"schema": WakeRequest.model_json_schema(by_alias=True)}
-            },
-        }
-    },
-    responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
+    openapi_extra=_optional_body_schema(WakeRequest),
+    responses={**FORBIDDEN, **ERRORS,
+               404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
 )
 async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                        principal: Waker):
@@ -241,6 +239,7 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
         }
     },
     responses={
+        **FORBIDDEN,
         **ERRORS,
         404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"},

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.api.errors import DATABASE_UNAVAILABLE_ERRORS, RETRY_AFTER_SECONDS, error_response
+from app.api.models import ErrorBody
 from app.migrate import head_revision
 
 router = APIRouter(tags=["health"])
@@ -19,7 +20,8 @@ async def healthz() -> dict:
 @router.get(
     "/readyz",
     summary="The database answers and its schema is at this build's head revision",
-    responses={503: {"description": "DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE"}},
+    responses={503: {"model": ErrorBody,
+                     "description": "DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE"}},
 )
 async def readyz(request: Request):
     try:

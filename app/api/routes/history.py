@@ -9,12 +9,12 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from app.api.auth import Reader, StrictReader, ensure_visible
-from app.api.common import AUTH_ERRORS, ERRORS, _check_path_id
+from app.api.common import ERRORS, FORBIDDEN, INVALID_QUERY, UNAUTHENTICATED, _check_path_id
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import not_found
 from app.api.models import ErrorBody, WorkerList, worker_view
 
-router = APIRouter(tags=["history"], responses=AUTH_ERRORS)
+router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
 
 NOT_FOUND = {404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]}
 
@@ -33,7 +33,8 @@ class LateObservationList(BaseModel):
 
 
 @router.get("/v1/executions/{execution_id}/events", response_model=EventPage,
-            summary="The append-only history, oldest first", responses=NOT_FOUND)
+            summary="The append-only history, oldest first",
+            responses={**NOT_FOUND, **INVALID_QUERY})
 async def events(
     execution_id: str,
     store: StoreDep,
@@ -56,7 +57,7 @@ async def events(
 
 @router.get("/v1/executions/{execution_id}/steps", response_model=StepList,
             summary="Recorded steps, and effect attempts whose outcome is in doubt",
-            responses=NOT_FOUND)
+            responses={**NOT_FOUND, **INVALID_QUERY})
 async def steps(
     execution_id: str,
     store: StoreDep,
@@ -103,7 +104,7 @@ async def late_observations(execution_id: str, store: StoreDep, principal: Reade
 
 @router.get("/v1/workers", response_model=WorkerList,
             summary="Live workers and those stopped or silent within the last hour",
-            responses={503: ERRORS[503]})
+            responses={**FORBIDDEN, 503: ERRORS[503]})
 async def workers(store: StoreDep, settings: SettingsDep, _: StrictReader):
     rows = await store.list_workers(stale_after_seconds=3 * settings.renew_seconds + 1)
     return {"workers": [worker_view(r) for r in rows]}

@@ -9,13 +9,23 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.api.auth import Operator, actor
-from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _check_path_id, _invalid, _json
+from app.api.common import (
+    ERRORS,
+    FORBIDDEN,
+    UNAUTHENTICATED,
+    _body_schema,
+    _check_path_id,
+    _invalid,
+    _json,
+    _optional_body_schema,
+)
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
 from app.api.models import ErrorBody, Status
 from app.store import InvalidEvent
 
-router = APIRouter(prefix="/v1/executions", tags=["operations"], responses=AUTH_ERRORS)
+router = APIRouter(prefix="/v1/executions", tags=["operations"],
+                   responses={**UNAUTHENTICATED, **FORBIDDEN})
 
 ACTOR = Field(None, max_length=200, description="Who decides (recorded in the history).")
 
@@ -58,9 +68,7 @@ async def _optional_body(request: Request, settings, model: type[BaseModel]) -> 
 
 
 def _optional(model: type[BaseModel]) -> dict:
-    schema = _body_schema(model)
-    schema["requestBody"]["required"] = False
-    return schema
+    return _optional_body_schema(model)
 
 
 @router.post(
@@ -94,7 +102,9 @@ async def cancel(execution_id: str, request: Request, store: StoreDep, settings:
     openapi_extra=_body_schema(Resolution),
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
                409: {"model": ErrorBody, "description": "STEP_NOT_OUTCOME_UNKNOWN"},
-               422: {"model": ErrorBody, "description": "INVALID_RESOLUTION"}},
+               422: {"model": ErrorBody,
+                     "description": "INVALID_RESOLUTION / INVALID_EXECUTION_EVENT / "
+                     "INVALID_REQUEST"}},
 )
 async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=1000)],
                   request: Request, store: StoreDep, settings: SettingsDep,

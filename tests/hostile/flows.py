@@ -1,0 +1,50 @@
+"""Workflows for the hostile tests: `hostile-refund` gives admission a params
+model (422 INVALID_PARAMS) and a registry (404 WORKFLOW_NOT_FOUND); no worker
+runs it. `hostile-outage` is run by an in-process worker across a Postgres
+outage."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.sdk import WorkflowContext, workflow
+
+
+class RefundParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(min_length=1)
+    amount_cents: int = Field(gt=0)
+
+
+@workflow("hostile-refund", params=RefundParams)
+async def hostile_refund(ctx: WorkflowContext, p: RefundParams) -> dict:
+    return {"refunded": p.amount_cents}
+
+
+# The in-process worker outage test (test_worker_outage.py): the first step
+# waits on a gate the test opens; the calls of each step are counted.
+GATES: dict[str, asyncio.Event] = {}
+CALLS: collections.Counter = collections.Counter()
+
+
+async def _gated(execution_id: str) -> str:
+    CALLS[(execution_id, "gated")] += 1
+    gate = GATES.setdefault(execution_id, asyncio.Event())
+    await asyncio.wait_for(gate.wait(), timeout=60)
+    return "gated"
+
+
+async def _plain(execution_id: str) -> str:
+    CALLS[(execution_id, "plain")] += 1
+    return "plain"
+
+
+@workflow("hostile-outage")
+async def hostile_outage(ctx: WorkflowContext, params: dict) -> dict:
+    first = await ctx.step("first", _gated if params.get("gated") else _plain, ctx.execution_id)
+    second = await ctx.step("second", _plain, ctx.execution_id)
+    return {"first": first, "second": second}

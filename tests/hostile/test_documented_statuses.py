@@ -1,0 +1,356 @@
+"""Every documented status is reachable: for each operation of the published
+OpenAPI schema, each documented response status (and each error code its
+description names, e.g. `409 EXECUTION_ID_CONFLICT`) is produced by at least
+one crafted request to the real app on a real database, and every crafted
+request is answered with a status the operation documents.
+
+503 DATABASE_UNAVAILABLE is produced the way an overloaded or locked database
+produces it: another session holds every table in ACCESS EXCLUSIVE mode and
+the app's statement timeout (0.3 s here) cancels what waits on it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.api.app import create_app
+from app.registry import load_workflows
+from app.settings import Settings
+from tests.hostile.conftest import Seeded, hostile_settings, make_tokens, seed
+from tests.http.helpers import assert_error
+
+STATEMENT_TIMEOUT = 0.3
+BOUND_SECONDS = 5.0
+WORKFLOWS = load_workflows(["tests.hostile.flows"])
+
+# An execution ID no probe creates.
+GHOST = "no-such-execution"
+
+
+def documented_codes(description: str) -> list[str]:
+    """`CODE[ / CODE | or CODE][: prose]` -> the codes; none for prose such as
+    'Successful Response'."""
+    head = description.split(":", 1)[0]
+    parts = re.split(r"\s*(?:/|\bor\b)\s*", head.strip())
+    return [p for p in parts if re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*", p)
+            and len(p) > 3]
+
+
+@dataclass
+class Probe:
+    method: str
+    path: str  # the schema's template
+    status: int
+    code: str | None
+    role: str | None = "operate"
+    ids: dict = field(default_factory=dict)  # path parameters
+    kw: dict = field(default_factory=dict)  # httpx request arguments
+
+    def url(self) -> str:
+        return self.path.format(**self.ids)
+
+
+JSON = {"content-type": "application/json"}
+TOO_LARGE = {"content": b'{"x":"' + b"y" * 300_000 + b'"}', "headers": JSON}
+MALFORMED = {"content": b"{", "headers": JSON}
+TEXT = {"content": b"{}", "headers": {"content-type": "text/plain"}}
+NAN = {"content": b'{"at": NaN, "by": NaN}', "headers": JSON}
+
+
+def probes(s: Seeded) -> list[Probe]:
+    P = Probe
+    ex, one = "/v1/executions", "/v1/executions/{execution_id}"
+    wakes, signal = f"{one}/wakes", f"{one}/signals/{{name}}"
+    cancel, resume = f"{one}/cancel", f"{one}/resume"
+    resolve = f"{one}/steps/{{step_key}}/resolve"
+    pending, ghost = {"execution_id": s.pending}, {"execution_id": GHOST}
+    done = {"execution_id": s.completed}
+    refund = {"workflowId": "hostile-refund", "params": {"order_id": "o-1", "amount_cents": 5}}
+    out = [
+        P("GET", "/healthz", 200, None, None),
+        P("GET", "/readyz", 200, None, None),
+        # Admission
+        P("POST", ex, 201, None, "trigger", kw={"json": refund}),
+        P("POST", ex, 401, "UNAUTHENTICATED", None, kw={"json": refund}),
+        P("POST", ex, 403, "FORBIDDEN", "read", kw={"json": refund}),
+        P("POST", ex, 400, "MALFORMED_JSON", "trigger", kw=MALFORMED),
+        P("POST", ex, 413, "PAYLOAD_TOO_LARGE", "trigger", kw=TOO_LARGE),
+        P("POST", ex, 415, "UNSUPPORTED_MEDIA_TYPE", "trigger", kw=TEXT),
+        P("POST", ex, 422, "INVALID_EXECUTION_EVENT", "trigger",
+          kw={"json": {"workflowId": "not a valid id"}}),
+        P("POST", ex, 422, "INVALID_PARAMS", "trigger",
+          kw={"json": {**refund, "params": {"order_id": "o", "amount_cents": 0}}}),
+        P("POST", ex, 404, "WORKFLOW_NOT_FOUND", "trigger",
+          kw={"json": {"workflowId": "no-such-flow"}}),
+        P("POST", ex, 409, "EXECUTION_ID_CONFLICT", "trigger",
+          kw={"json": {**refund, "executionId": "taken"}}),  # admitted in setup
+        # Listing
+        P("GET", ex, 200, None, "read"),
+        P("GET", ex, 401, "UNAUTHENTICATED", None),
+        P("GET", ex, 422, "INVALID_REQUEST", "read", kw={"params": {"limit": 0}}),
+        P("GET", ex, 422, "INVALID_CURSOR", "read", kw={"params": {"cursor": "bm90IGEgY3Vyc29y"}}),
+        # One execution and its history
+        P("GET", one, 200, None, "read", pending),
+        P("GET", one, 401, "UNAUTHENTICATED", None, pending),
+        P("GET", one, 404, "EXECUTION_NOT_FOUND", "read", ghost),
+    ]
+    for tail, bad_query in (("/events", {"after": -1}), ("/steps", {"includeValues": "maybe"}),
+                            ("/late-observations", None)):
+        history = {"execution_id": s.with_history}
+        out += [
+            P("GET", one + tail, 200, None, "read", history),
+            P("GET", one + tail, 401, "UNAUTHENTICATED", None, history),
+            P("GET", one + tail, 404, "EXECUTION_NOT_FOUND", "read", ghost),
+        ]
+        if bad_query:
+            out.append(P("GET", one + tail, 422, "INVALID_REQUEST", "read", history,
+                         kw={"params": bad_query}))
+
+    def body_errors(path: str, ids: dict, role: str = "operate") -> list[Probe]:
+        return [
+            P("POST", path, 401, "UNAUTHENTICATED", None, ids),
+            P("POST", path, 403, "FORBIDDEN", "read", ids),
+            P("POST", path, 400, "MALFORMED_JSON", role, ids, MALFORMED),
+            P("POST", path, 413, "PAYLOAD_TOO_LARGE", role, ids, TOO_LARGE),
+            P("POST", path, 415, "UNSUPPORTED_MEDIA_TYPE", role, ids, TEXT),
+            P("POST", path, 422, "INVALID_EXECUTION_EVENT", role, ids, NAN),
+        ]
+
+    sig = {**pending, "name": "go"}
+    unknown = {"execution_id": s.unknown, "step_key": s.unknown_step}
+    out += [
+        P("POST", wakes, 200, None, "trigger", {"execution_id": "mine"}),
+        P("POST", wakes, 404, "EXECUTION_NOT_FOUND", "trigger", pending),  # not its own
+        P("POST", wakes, 422, "INVALID_REQUEST", "operate", pending, {"json": {"at": "soon"}}),
+        *body_errors(wakes, pending),
+        P("POST", signal, 202, None, "operate", sig, {"json": {"any": ["json"]}}),
+        P("POST", signal, 404, "EXECUTION_NOT_FOUND", "operate", {**ghost, "name": "go"}),
+        P("POST", signal, 409, "EXECUTION_TERMINAL", "operate", {**done, "name": "go"}),
+        P("POST", signal, 422, "INVALID_REQUEST", "operate", {**pending, "name": "not ok"}),
+        *body_errors(signal, sig),
+        P("POST", cancel, 202, None, "operate", {"execution_id": "to-cancel"}),
+        P("POST", cancel, 404, "EXECUTION_NOT_FOUND", "operate", ghost),
+        P("POST", cancel, 409, "EXECUTION_TERMINAL", "operate", done),
+        P("POST", cancel, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
+        *body_errors(cancel, pending),
+        P("POST", resolve, 200, None, "operate", unknown,
+          {"json": {"action": "succeed", "result": {"ok": True}}}),
+        P("POST", resolve, 404, "EXECUTION_NOT_FOUND", "operate",
+          {**ghost, "step_key": "charge"}, {"json": {"action": "retry"}}),
+        P("POST", resolve, 409, "STEP_NOT_OUTCOME_UNKNOWN", "operate",
+          {**pending, "step_key": "charge"}, {"json": {"action": "retry"}}),
+        P("POST", resolve, 422, "INVALID_RESOLUTION", "operate",
+          {**pending, "step_key": "charge"}, {"json": {"action": "fail"}}),
+        P("POST", resolve, 422, "INVALID_REQUEST", "operate",
+          {**pending, "step_key": "k" * 1001}, {"json": {"action": "retry"}}),
+        *body_errors(resolve, {**pending, "step_key": "charge"}),
+        P("POST", resume, 200, None, "operate", {"execution_id": s.poison}),
+        P("POST", resume, 404, "EXECUTION_NOT_FOUND", "operate", ghost),
+        P("POST", resume, 409, "EXECUTION_NOT_PARKED", "operate", pending),
+        P("POST", resume, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
+        *body_errors(resume, pending),
+        P("GET", "/v1/workers", 200, None, "read"),
+        P("GET", "/v1/workers", 401, "UNAUTHENTICATED", None),
+        P("GET", "/v1/workers", 403, "FORBIDDEN", "trigger"),
+        P("GET", "/metrics", 200, None, "read"),
+        P("GET", "/metrics", 401, "UNAUTHENTICATED", None),
+        P("GET", "/metrics", 403, "FORBIDDEN", "trigger"),
+    ]
+    return out
+
+
+SCHEDULE = {"scheduleId": "nightly", "workflowId": "hostile-refund", "cron": "0 2 * * *",
+            "timezone": "Europe/Warsaw", "params": {"order_id": "o-1", "amount_cents": 5}}
+
+
+def schedule_probes() -> list[Probe]:
+    """Schedules (operate writes, read reads); `doomed` is created in setup."""
+    P = Probe
+    sch, one = "/v1/schedules", "/v1/schedules/{schedule_id}"
+    events, pause, resume = f"{one}/events", f"{one}/pause", f"{one}/resume"
+    nightly, ghost = {"schedule_id": "nightly"}, {"schedule_id": "no-such-schedule"}
+    out = [
+        P("POST", sch, 201, None, "operate", kw={"json": SCHEDULE}),
+        P("POST", sch, 401, "UNAUTHENTICATED", None, kw={"json": SCHEDULE}),
+        P("POST", sch, 403, "FORBIDDEN", "read", kw={"json": SCHEDULE}),
+        P("POST", sch, 400, "MALFORMED_JSON", "operate", kw=MALFORMED),
+        P("POST", sch, 413, "PAYLOAD_TOO_LARGE", "operate", kw=TOO_LARGE),
+        P("POST", sch, 415, "UNSUPPORTED_MEDIA_TYPE", "operate", kw=TEXT),
+        P("POST", sch, 422, "INVALID_SCHEDULE", "operate",
+          kw={"json": {**SCHEDULE, "scheduleId": "other", "cron": "61 * * * *"}}),
+        P("POST", sch, 422, "INVALID_PARAMS", "operate",
+          kw={"json": {**SCHEDULE, "scheduleId": "other", "params": {"amount_cents": 0}}}),
+        P("POST", sch, 422, "INVALID_EXECUTION_EVENT", "operate", kw=NAN),
+        P("POST", sch, 404, "WORKFLOW_NOT_FOUND", "operate",
+          kw={"json": {**SCHEDULE, "scheduleId": "other", "workflowId": "no-such-flow"}}),
+        P("POST", sch, 409, "SCHEDULE_EXISTS", "operate", kw={"json": SCHEDULE}),
+        P("GET", sch, 200, None, "read"),
+        P("GET", sch, 401, "UNAUTHENTICATED", None),
+        P("GET", sch, 403, "FORBIDDEN", "trigger"),
+        P("GET", sch, 422, "INVALID_REQUEST", "read", kw={"params": {"limit": 0}}),
+    ]
+    for path in (one, events):
+        out += [
+            P("GET", path, 200, None, "read", nightly),
+            P("GET", path, 401, "UNAUTHENTICATED", None, nightly),
+            P("GET", path, 403, "FORBIDDEN", "trigger", nightly),
+            P("GET", path, 404, "SCHEDULE_NOT_FOUND", "read", ghost),
+        ]
+    out.append(P("GET", events, 422, "INVALID_REQUEST", "read", nightly,
+                 kw={"params": {"limit": 0}}))
+    for path in (pause, resume):
+        out += [
+            P("POST", path, 200, None, "operate", nightly),
+            P("POST", path, 401, "UNAUTHENTICATED", None, nightly),
+            P("POST", path, 403, "FORBIDDEN", "read", nightly),
+            P("POST", path, 404, "SCHEDULE_NOT_FOUND", "operate", ghost),
+        ]
+    doomed = {"schedule_id": "doomed"}
+    out += [
+        P("DELETE", one, 204, None, "operate", doomed),
+        P("DELETE", one, 401, "UNAUTHENTICATED", None, doomed),
+        P("DELETE", one, 403, "FORBIDDEN", "read", doomed),
+        P("DELETE", one, 404, "SCHEDULE_NOT_FOUND", "operate", doomed),  # deleted just above
+    ]
+    return out
+
+
+@dataclass
+class Crafted:
+    api: httpx.AsyncClient
+    tokens: dict[str, str]
+    seeded: Seeded
+    openapi: dict
+
+
+@pytest_asyncio.fixture
+async def crafted(pool: asyncpg.Pool, settings: Settings) -> AsyncIterator[Crafted]:
+    s = hostile_settings(settings, statement_timeout_seconds=STATEMENT_TIMEOUT)
+    seeded = await seed(pool, s)
+    tokens = await make_tokens(pool, s)
+    app = create_app(s, workflows=WORKFLOWS)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fencepost.test",
+                                     timeout=30) as api:
+            yield Crafted(api, tokens, seeded, app.openapi())
+
+
+async def send(c: Crafted, probe: Probe) -> httpx.Response:
+    kw = dict(probe.kw)
+    hdrs = dict(kw.pop("headers", {}))
+    if probe.role:
+        hdrs["Authorization"] = f"Bearer {c.tokens[probe.role]}"
+    return await c.api.request(probe.method, probe.url(), headers=hdrs, **kw)
+
+
+def check(c: Crafted, probe: Probe, r: httpx.Response, produced: dict,
+          problems: list) -> None:
+    """Record what `r` produced; collect (not raise) what is wrong with it."""
+    try:
+        _check(c, probe, r, produced)
+    except (AssertionError, KeyError, ValueError) as exc:
+        problems.append(f"{probe.method} {probe.url()[:80]} -> {r.status_code}: {exc}"[:300])
+
+
+def _check(c: Crafted, probe: Probe, r: httpx.Response, produced: dict) -> None:
+    where = (probe.method, probe.path, probe.status, probe.code, probe.ids)
+    documented = c.openapi["paths"][probe.path][probe.method.lower()]["responses"]
+    assert str(r.status_code) in documented, (where, "undocumented", r.status_code, r.text)
+    assert r.status_code == probe.status, (where, r.status_code, r.text)
+    code = None
+    if r.status_code >= 400:
+        code = assert_error(r, probe.status)["code"]
+        assert code == probe.code, (where, r.text)
+        named = documented_codes(documented[str(r.status_code)].get("description", ""))
+        assert not named or code in named, (where, "code not in the description", named)
+        if r.status_code == 401:
+            assert r.headers["www-authenticate"] == "Bearer"
+        if code == "DATABASE_UNAVAILABLE":
+            assert int(r.headers["retry-after"]) > 0
+    produced.setdefault((probe.method, probe.path, str(r.status_code)), set()).add(code)
+
+
+@pytest.mark.timeout(120)
+async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> None:
+    c = crafted
+    taken = {"workflowId": "hostile-refund", "executionId": "taken",
+             "params": {"order_id": "o", "amount_cents": 1}}
+    headers = {"Authorization": f"Bearer {c.tokens['trigger']}"}
+    assert (await c.api.post("/v1/executions", json=taken, headers=headers)).status_code == 201
+    mine = {**taken, "executionId": "mine"}
+    assert (await c.api.post("/v1/executions", json=mine, headers=headers)).status_code == 201
+    await pool.execute(
+        "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
+        "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now())")
+
+    produced: dict[tuple, set] = {}
+    problems: list[str] = []
+    all_probes = probes(c.seeded)
+    if "/v1/schedules" in c.openapi["paths"]:
+        doomed = {**SCHEDULE, "scheduleId": "doomed"}
+        headers = {"Authorization": f"Bearer {c.tokens['operate']}"}
+        r = await c.api.post("/v1/schedules", json=doomed, headers=headers)
+        assert r.status_code == 201, r.text
+        all_probes += schedule_probes()
+    for probe in all_probes:
+        check(c, probe, await send(c, probe), produced, problems)
+
+    # The schema is behind this build: /readyz says so.
+    revision = await pool.fetchval("SELECT version_num FROM alembic_version")
+    await pool.execute("UPDATE alembic_version SET version_num = 'an-old-revision'")
+    try:
+        r = await c.api.get("/readyz")
+        check(c, Probe("GET", "/readyz", 503, "SCHEMA_OUT_OF_DATE", None), r, produced,
+              problems)
+    finally:
+        await pool.execute("UPDATE alembic_version SET version_num = $1", revision)
+
+    # Every operation that reads the database, with every table locked: 503
+    # within the statement timeout (plus scheduling), never a hang or a 500.
+    successes = [p for p in all_probes if p.status < 300 and p.path != "/healthz"]
+    tables = [r["tablename"] for r in await pool.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
+        for ok in successes:
+            locked = Probe(ok.method, ok.path, 503, "DATABASE_UNAVAILABLE", ok.role, ok.ids, ok.kw)
+            started = time.perf_counter()
+            r = await send(c, locked)
+            assert time.perf_counter() - started < BOUND_SECONDS, locked
+            check(c, locked, r, produced, problems)
+    assert (await c.api.get("/readyz")).status_code == 200
+
+    missing = []
+    for path, operations in c.openapi["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                key = (method.upper(), path, status)
+                if key not in produced:
+                    missing.append((*key, "never produced"))
+                    continue
+                for code in documented_codes(response.get("description", "")):
+                    if code not in produced[key]:
+                        missing.append((*key, code))
+    assert not problems and not missing, (
+        "wrong answers:\n" + "\n".join(problems)
+        + "\ndocumented but not reachable:\n" + "\n".join(map(str, missing)))
+
+
+def test_documented_codes_parser() -> None:
+    assert documented_codes("Successful Response") == []
+    assert documented_codes("metrics") == []
+    assert documented_codes("UNAUTHENTICATED: no valid API token") == ["UNAUTHENTICATED"]
+    assert documented_codes("INVALID_EXECUTION_EVENT / INVALID_PARAMS") == [
+        "INVALID_EXECUTION_EVENT", "INVALID_PARAMS"]
+    assert documented_codes("DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE") == [
+        "DATABASE_UNAVAILABLE", "SCHEMA_OUT_OF_DATE"]
