@@ -17,9 +17,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from app import cron
 
 ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+# A schedule's slots are admitted as `{scheduleId}:{YYYY-MM-DDTHH:MMZ}`, which
+# must itself be a valid execution ID: 182 + 18 characters.
+SCHEDULE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,182}$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,10 @@ class WorkflowDefinition:
     module: str
     # Default deadline, counted from admission, when the caller gives none.
     timeout_seconds: float | None = None
+    # A code-defined schedule (cron expression and IANA time zone); its
+    # schedule ID is the workflow ID. Slots are admitted with params {}.
+    schedule: str | None = None
+    timezone: str | None = None
 
     def parse_params(self, raw: Any) -> Any:
         """The value handed to workflow code: a model instance when declared."""
@@ -46,9 +55,13 @@ class WorkflowRegistrationError(ValueError):
 
 
 def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
-             timeout: float | timedelta | None = None):
+             timeout: float | timedelta | None = None, schedule: str | None = None,
+             timezone: str | None = None):
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
-    `timeout`: the default deadline, from admission, for its executions."""
+    `timeout`: the default deadline, from admission, for its executions.
+    `schedule`: a five-field cron expression (see app.cron) evaluated in
+    `timezone` (IANA name, default UTC); workers running this workflow admit
+    each slot once, as `{workflow_id}:{slot in UTC}`, with params {}."""
     if not ID_RE.match(workflow_id):
         raise WorkflowRegistrationError(
             f"workflow ID {workflow_id!r} must be 1-200 characters from A-Z a-z 0-9 . _ : -"
@@ -59,6 +72,10 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
     timeout_seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise WorkflowRegistrationError(f"timeout= of {workflow_id!r} must be positive")
+
+    if schedule is not None or timezone is not None:
+        _check_schedule(workflow_id, params, schedule, timezone)
+        timezone = timezone or "UTC"
 
     def register(fn):
         if not inspect.iscoroutinefunction(fn):
@@ -73,11 +90,45 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
                 f"({existing.module}.{existing.fn.__qualname__} and {fn.__module__}.{fn.__qualname__})"
             )
         _registry[workflow_id] = WorkflowDefinition(
-            workflow_id, fn, params, fn.__module__, timeout_seconds
+            workflow_id, fn, params, fn.__module__, timeout_seconds,
+            schedule=schedule, timezone=timezone,
         )
         return fn
 
     return register
+
+
+def _check_schedule(workflow_id: str, params: type[BaseModel] | None, schedule: str | None,
+                    timezone: str | None) -> None:
+    if schedule is None:
+        raise WorkflowRegistrationError(
+            f"timezone= of {workflow_id!r} needs schedule= (a cron expression)"
+        )
+    if not SCHEDULE_ID_RE.match(workflow_id):
+        raise WorkflowRegistrationError(
+            f"workflow {workflow_id!r} has a schedule, so its ID (the schedule ID) must be at "
+            "most 182 characters"
+        )
+    try:
+        cron.parse(schedule)
+    except cron.CronError as exc:
+        raise WorkflowRegistrationError(
+            f"schedule= of {workflow_id!r}: {exc}"
+        ) from None
+    if timezone is not None:
+        try:
+            cron.zone(timezone)
+        except cron.TimezoneError as exc:
+            raise WorkflowRegistrationError(f"timezone= of {workflow_id!r}: {exc}") from None
+    if params is not None:
+        try:
+            params.model_validate({})
+        except ValidationError:
+            raise WorkflowRegistrationError(
+                f"workflow {workflow_id!r} has a schedule, and scheduled executions are admitted "
+                f"with params {{}}, which its params model {params.__name__} refuses; give "
+                "every field a default"
+            ) from None
 
 
 def load_workflows(modules: list[str]) -> dict[str, WorkflowDefinition]:

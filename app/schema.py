@@ -256,3 +256,28 @@ api_tokens = Table(
     Column("revoked_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("role IN ('trigger', 'read', 'operate')", name="role_known"),
 )
+
+# Schedules: a cron expression in a time zone; each slot is admitted as the
+# execution `{schedule_id}:{slot in UTC}`, so the unique execution ID makes a
+# slot fire once however many workers evaluate it.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("schedule_id", Text, primary_key=True),
+    Column("workflow_id", Text, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("params", JSONB, nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    # Most missed slots admitted at once; NULL: the worker's FENCEPOST_SCHEDULE_CATCH_UP.
+    Column("catch_up", Integer, nullable=True),
+    Column("source", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Slots up to this instant have been evaluated (admitted or skipped);
+    # creation time at first, so nothing before the schedule existed fires.
+    Column("last_slot", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("source IN ('code', 'api')", name="source_known"),
+    CheckConstraint("catch_up IS NULL OR catch_up >= 1", name="catch_up_positive"),
+)
+Index("ix_schedules_workflow_id", schedules.c.workflow_id)

@@ -54,6 +54,16 @@ class Settings(BaseSettings):
         "seconds or ISO 8601 (P14D).",
     )
     connect_timeout_seconds: float = Field(5.0, gt=0, description="Longest a connection attempt may take.")
+    schedule_catch_up: int = Field(
+        1, ge=1, le=1000,
+        description="Most slots of one schedule admitted after the scheduler missed some (a worker "
+        "was down); older missed slots are skipped with an event. A schedule's catchUp overrides it.",
+    )
+    scheduler_interval_seconds: float = Field(
+        10.0, gt=0, le=60,
+        description="How often each worker evaluates the schedules of its workflows; a slot is "
+        "admitted at most this long after its time.",
+    )
 
     @field_validator("redelivery_cap_seconds")
     @classmethod

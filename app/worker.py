@@ -32,6 +32,7 @@ from app.migrate import SchemaOutOfDate, check_schema
 from app.reaper import LeaseReaper
 from app.registry import WorkflowDefinition
 from app.retention import RetentionPruner
+from app.scheduler import Scheduler
 from app.sdk import (
     INFRASTRUCTURE_ERRORS,
     Cancelled,
@@ -170,6 +171,7 @@ class Worker:
                     self.store, interval=max(0.1, min(s.lease_seconds / 2, 5.0)))), name="reaper"),
                 asyncio.create_task(self._maintain(RetentionPruner(
                     self.store, retention_seconds=s.retention.total_seconds())), name="retention"),
+                asyncio.create_task(self._maintain(Scheduler.from_settings(self.store, self.workflows, s)), name="scheduler"),
             ]
             await self._watch(side)
             await self._drain()

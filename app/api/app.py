@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
 from app.api.openapi import publish
-from app.api.routes import executions, health, history, metrics, operations
+from app.api.routes import executions, health, history, metrics, operations, schedules
 from app.db import create_pool
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
@@ -52,5 +52,6 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(operations.router)
     app.include_router(history.router)
     app.include_router(metrics.router)
+    app.include_router(schedules.router)
     app.include_router(ui_routes.router)
     return app

@@ -24,6 +24,7 @@ from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
 from app.store.operator import OperatorStatements
 from app.store.policy import PolicyStatements
+from app.store.schedules import ScheduleStatements, ScheduleTurn  # noqa: F401
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
 from app.store.tokens import TokenStatements
@@ -45,6 +46,7 @@ class ExecutionStore(
     WorkerStatements,
     TokenStatements,
     UiStatements,
+    ScheduleStatements,
 ):
     def __init__(
         self,

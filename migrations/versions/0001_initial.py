@@ -154,9 +154,28 @@ def upgrade() -> None:
     sa.CheckConstraint("role IN ('trigger', 'read', 'operate')", name=op.f('ck_api_tokens_role_known')),
     sa.PrimaryKeyConstraint('token_id', name=op.f('pk_api_tokens'))
     )
+    op.create_table('schedules',
+    sa.Column('schedule_id', sa.Text(), nullable=False),
+    sa.Column('workflow_id', sa.Text(), nullable=False),
+    sa.Column('cron', sa.Text(), nullable=False),
+    sa.Column('timezone', sa.Text(), nullable=False),
+    sa.Column('params', postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+    sa.Column('paused', sa.Boolean(), server_default=sa.text('false'), nullable=False),
+    sa.Column('catch_up', sa.Integer(), nullable=True),
+    sa.Column('source', sa.Text(), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('last_slot', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint("source IN ('code', 'api')", name=op.f('ck_schedules_source_known')),
+    sa.CheckConstraint('catch_up IS NULL OR catch_up >= 1', name=op.f('ck_schedules_catch_up_positive')),
+    sa.PrimaryKeyConstraint('schedule_id', name=op.f('pk_schedules'))
+    )
+    op.create_index('ix_schedules_workflow_id', 'schedules', ['workflow_id'], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index('ix_schedules_workflow_id', table_name='schedules')
+    op.drop_table('schedules')
     op.drop_table('api_tokens')
     op.drop_table('effects')
     op.drop_table('workers')

@@ -1,0 +1,298 @@
+"""Schedules: create, list, read, pause, resume, delete.
+
+A schedule admits its workflow at every slot of a cron expression in a time
+zone, as the execution `{scheduleId}:{slot in UTC, YYYY-MM-DDTHH:MMZ}`.
+Workers evaluate schedules; the API only records them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic.alias_generators import to_camel
+
+from app import cron
+from app.api.auth import Operator, StrictReader, actor
+from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _invalid, _json
+from app.api.deps import SettingsDep, StoreDep
+from app.api.errors import ApiError
+from app.api.models import ID_PATTERN, ErrorBody
+from app.registry import SCHEDULE_ID_RE
+from app.store import InvalidEvent
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=AUTH_ERRORS)
+
+SCHEDULE_ID_PATTERN = SCHEDULE_ID_RE.pattern
+NOT_FOUND = {404: {"model": ErrorBody, "description": "SCHEDULE_NOT_FOUND"}, 503: ERRORS[503]}
+INVALID_QUERY = {
+    422: {"model": ErrorBody, "description": "INVALID_REQUEST: a query parameter is malformed "
+          "or out of range"},
+}
+
+
+class ScheduleRequest(BaseModel):
+    # camelCase only: snake_case spellings are unknown fields.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
+
+    schedule_id: str = Field(
+        pattern=SCHEDULE_ID_PATTERN,
+        description="1 to 182 characters from A-Z a-z 0-9 . _ : - (each slot's execution ID "
+        "adds ':YYYY-MM-DDTHH:MMZ').",
+    )
+    workflow_id: str = Field(pattern=ID_PATTERN, description="The workflow each slot admits.")
+    cron: str = Field(
+        min_length=1, max_length=cron.MAX_EXPRESSION_LENGTH,
+        description="Five fields: minute hour day-of-month month day-of-week (e.g. '0 2 * * *'); "
+        "*, lists, ranges, steps, month and day names, @daily etc.",
+    )
+    timezone: str = Field(
+        min_length=1, max_length=100,
+        description="IANA time zone the cron is read in (e.g. Europe/Warsaw, UTC).",
+    )
+    params: Any = Field(default_factory=dict, description="Params of every execution (any JSON).")
+    catch_up: StrictInt | None = Field(
+        None, ge=1, le=1000,
+        description="Most missed slots admitted after the schedulers were down; older ones are "
+        "skipped with an event. Omitted: the workers' FENCEPOST_SCHEDULE_CATCH_UP (default 1).",
+    )
+
+
+class ScheduleView(BaseModel):
+    scheduleId: str  # noqa: N815 - wire names
+    workflowId: str  # noqa: N815
+    cron: str
+    timezone: str
+    params: Any
+    paused: bool
+    catchUp: int | None = Field(description="null: the workers' FENCEPOST_SCHEDULE_CATCH_UP.")  # noqa: N815
+    source: Literal["code", "api"] = Field(
+        description="code: declared with @workflow(schedule=...), re-applied when a worker "
+        "starts; api: created over HTTP."
+    )
+    createdAt: datetime  # noqa: N815
+    updatedAt: datetime  # noqa: N815
+    lastSlot: datetime = Field(  # noqa: N815
+        description="Slots up to this instant have been evaluated (fired or skipped)."
+    )
+    nextSlot: datetime | None = Field(  # noqa: N815
+        description="The next slot that will fire (UTC); null while paused."
+    )
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleView]
+    nextCursor: str | None = Field(None, description="Pass as `cursor` for the next page.")  # noqa: N815
+
+
+class ScheduleEvent(BaseModel):
+    eventId: int  # noqa: N815
+    at: datetime
+    kind: str
+    detail: dict[str, Any] | None
+
+
+class ScheduleEventList(BaseModel):
+    events: list[ScheduleEvent]
+
+
+def _view(row: dict) -> dict:
+    next_slot = None
+    if not row["paused"]:
+        try:
+            after = max(row["last_slot"], row.get("db_now") or row["last_slot"])
+            next_slot = cron.next_slot(cron.parse(row["cron"]), cron.zone(row["timezone"]), after)
+        except (cron.CronError, cron.TimezoneError):
+            next_slot = None
+    return {
+        "scheduleId": row["schedule_id"], "workflowId": row["workflow_id"], "cron": row["cron"],
+        "timezone": row["timezone"], "params": row["params"], "paused": row["paused"],
+        "catchUp": row["catch_up"], "source": row["source"], "createdAt": row["created_at"],
+        "updatedAt": row["updated_at"], "lastSlot": row["last_slot"], "nextSlot": next_slot,
+    }
+
+
+def _not_found(schedule_id: str) -> ApiError:
+    return ApiError(
+        404, "SCHEDULE_NOT_FOUND",
+        f"no schedule with ID {schedule_id[:200]!r}; list them with GET /v1/schedules",
+    )
+
+
+def _check_schedule_id(schedule_id: str) -> None:
+    # No stored schedule has another shape (and NUL would not reach Postgres).
+    if not SCHEDULE_ID_RE.match(schedule_id):
+        raise _not_found(schedule_id)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=ScheduleView,
+    summary="Create a schedule; each slot is admitted once, as {scheduleId}:{slot in UTC}",
+    openapi_extra=_body_schema(ScheduleRequest),
+    responses={
+        **ERRORS,
+        404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
+        409: {"model": ErrorBody, "description": "SCHEDULE_EXISTS: names the existing schedule"},
+        422: {"model": ErrorBody,
+              "description": "INVALID_SCHEDULE / INVALID_PARAMS / INVALID_EXECUTION_EVENT"},
+    },
+)
+async def create_schedule(request: Request, response: Response, store: StoreDep,
+                          settings: SettingsDep, principal: Operator):
+    body = await _json(request, settings)
+    if not isinstance(body, dict):
+        raise ApiError(
+            422, "INVALID_SCHEDULE",
+            "the body must be a JSON object with scheduleId, workflowId, cron, timezone and "
+            "optional params, catchUp",
+        )
+    try:
+        req = ScheduleRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc, "INVALID_SCHEDULE") from None
+    try:
+        expression = cron.parse(req.cron)
+    except cron.CronError as exc:
+        raise ApiError(422, "INVALID_SCHEDULE", f"cron: {exc}") from None
+    try:
+        cron.zone(req.timezone)
+    except cron.TimezoneError as exc:
+        raise ApiError(422, "INVALID_SCHEDULE", f"timezone: {exc}") from None
+    definitions = request.app.state.workflows
+    if definitions is not None:
+        definition = definitions.get(req.workflow_id)
+        if definition is None:
+            raise ApiError(
+                404, "WORKFLOW_NOT_FOUND",
+                f"no workflow {req.workflow_id!r} is registered; registered: "
+                f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
+            )
+        try:
+            definition.parse_params(req.params)
+        except ValidationError as exc:
+            raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
+    try:
+        created, row = await store.create_schedule(
+            schedule_id=req.schedule_id,
+            workflow_id=req.workflow_id,
+            cron=expression.expression,
+            timezone=req.timezone,
+            params=req.params,
+            catch_up=req.catch_up,
+            by=actor(principal, None),
+        )
+    except InvalidEvent as exc:
+        raise ApiError(
+            422, "INVALID_EXECUTION_EVENT",
+            f"params cannot be stored exactly ({exc}); send plain JSON values",
+        ) from None
+    if not created:
+        raise ApiError(
+            409, "SCHEDULE_EXISTS",
+            f"schedule {req.schedule_id!r} already exists (workflow {row['workflow_id']!r}, "
+            f"cron {row['cron']!r} in {row['timezone']}); delete it first or pick another ID",
+            scheduleId=row["schedule_id"],
+            workflowId=row["workflow_id"],
+        )
+    response.headers["Location"] = f"/v1/schedules/{row['schedule_id']}"
+    return _view(await store.get_schedule(req.schedule_id) or row)
+
+
+@router.get(
+    "",
+    response_model=ScheduleList,
+    summary="List schedules, by schedule ID",
+    responses={**INVALID_QUERY, 503: ERRORS[503]},
+)
+async def list_schedules(
+    store: StoreDep,
+    principal: StrictReader,
+    workflow_id: Annotated[str | None, Query(alias="workflowId", pattern=ID_PATTERN)] = None,
+    cursor: Annotated[str | None, Query(pattern=SCHEDULE_ID_PATTERN,
+                                        description="nextCursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+):
+    rows, next_cursor = await store.list_schedules(workflow_id=workflow_id, after=cursor,
+                                                   limit=limit)
+    return {"schedules": [_view(r) for r in rows], "nextCursor": next_cursor}
+
+
+@router.get(
+    "/{schedule_id}",
+    response_model=ScheduleView,
+    summary="Read one schedule, with when it fires next",
+    responses=NOT_FOUND,
+)
+async def get_schedule(schedule_id: str, store: StoreDep, principal: StrictReader):
+    _check_schedule_id(schedule_id)
+    row = await store.get_schedule(schedule_id)
+    if row is None:
+        raise _not_found(schedule_id)
+    return _view(row)
+
+
+@router.get(
+    "/{schedule_id}/events",
+    response_model=ScheduleEventList,
+    summary="The schedule's newest events (created, fired, slots skipped, paused, resumed)",
+    responses={**NOT_FOUND, **INVALID_QUERY},
+)
+async def schedule_events(
+    schedule_id: str,
+    store: StoreDep,
+    principal: StrictReader,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+):
+    _check_schedule_id(schedule_id)
+    if await store.get_schedule(schedule_id) is None:
+        raise _not_found(schedule_id)
+    rows = await store.schedule_events(schedule_id, limit)
+    return {"events": [{"eventId": r["event_id"], "at": r["at"], "kind": r["kind"],
+                        "detail": r["detail"]} for r in rows]}
+
+
+async def _set_paused(schedule_id: str, paused: bool, store, principal) -> dict:
+    _check_schedule_id(schedule_id)
+    row = await store.set_schedule_paused(schedule_id, paused, by=actor(principal, None))
+    if row is None:
+        raise _not_found(schedule_id)
+    return _view(row)
+
+
+@router.post(
+    "/{schedule_id}/pause",
+    response_model=ScheduleView,
+    summary="Pause: no slot fires until resumed (pausing a paused schedule changes nothing)",
+    responses=NOT_FOUND,
+)
+async def pause_schedule(schedule_id: str, store: StoreDep, principal: Operator):
+    return await _set_paused(schedule_id, True, store, principal)
+
+
+@router.post(
+    "/{schedule_id}/resume",
+    response_model=ScheduleView,
+    summary="Resume: slots after now fire; those that passed while paused do not",
+    responses=NOT_FOUND,
+)
+async def resume_schedule(schedule_id: str, store: StoreDep, principal: Operator):
+    return await _set_paused(schedule_id, False, store, principal)
+
+
+@router.delete(
+    "/{schedule_id}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete a schedule and its events; executions it admitted stay. A code-defined "
+    "schedule comes back when a worker with its code starts",
+    responses=NOT_FOUND,
+)
+async def delete_schedule(schedule_id: str, store: StoreDep, principal: Operator):
+    _check_schedule_id(schedule_id)
+    if not await store.delete_schedule(schedule_id):
+        raise _not_found(schedule_id)
+    return Response(status_code=204)
