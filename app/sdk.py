@@ -296,6 +296,7 @@ class WorkflowContext:
             key,
         )
         self.notice(attempt.interrupt)
+        self._raise_interrupt()  # cancelled or past the deadline: do not call out
         ikey = attempt.idempotency_key  # the identity first persisted stands
         attempts = attempt.attempts
         if not attempt.fresh:
@@ -310,8 +311,14 @@ class WorkflowContext:
                 raise Park(key)
             await self._fenced(self._store.retry_effect(self._lease, key), key)
             attempts += 1
+        call = asyncio.ensure_future(_call(fn, args, {**kwargs, "idempotency_key": ikey}))
         try:
-            value = await _call(fn, args, {**kwargs, "idempotency_key": ikey})
+            # Shielded: if the delivery is stopped mid-call (its lease lost),
+            # what the remote side answers is still kept, as evidence.
+            value = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            await self._keep_evidence(key, call)
+            raise
         except OutcomeUnknown:
             if idempotent or reconcile is not None:
                 raise Retry(f"effect {key!r}: outcome unknown; the next delivery settles it") from None
@@ -487,6 +494,20 @@ class WorkflowContext:
         if record.status == "failed":
             raise StepFailed(record.step_key, record.error or {})
         return record.value
+
+    async def _keep_evidence(self, key: str, call: asyncio.Future, wait: float = 10.0) -> None:
+        """The delivery stopped while an effect was in flight: wait (bounded)
+        for the remote answer and keep it as a late observation."""
+        try:
+            value = await asyncio.wait_for(call, timeout=wait)
+        except Exception as exc:  # noqa: BLE001 - any answer is evidence
+            value, error = None, error_of(exc)
+        else:
+            error = None
+        try:
+            await self._store.record_late_observation(self._lease, key, value=value, error=error)
+        except (InvalidEvent, *INFRASTRUCTURE_ERRORS):
+            pass
 
     def _settled(self, record: StepRecord) -> Any:
         """A step just recorded: stop here if the write said so, else replay it."""

@@ -369,9 +369,9 @@ class Worker:
                 METRICS.unacknowledged_deliveries.inc()
                 return
             if kind == "park":
-                await self.store.park_outcome_unknown(lease, step_key)
-                self.log.warning("execution %s parked: the outcome of effect %r is unknown",
-                                 lease.execution_id, step_key, extra=_ids(lease))
+                status = await self.store.park_outcome_unknown(lease, step_key)
+                self.log.warning("execution %s %s: the outcome of effect %r is unknown",
+                                 lease.execution_id, status, step_key, extra=_ids(lease))
                 return
             try:
                 await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from app.store.compose import WAKE_PARENTS
+from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.types import INTERRUPT_SQL, Lease, LeaseLost
 
 
@@ -104,31 +106,48 @@ class EffectStatements:
             await self._fenced_write_rejected(lease, step_key)
             raise LeaseLost(lease.execution_id, lease.token)
 
-    async def park_outcome_unknown(self, lease: Lease, step_key: str) -> None:
+    async def park_outcome_unknown(self, lease: Lease, step_key: str) -> str:
         """End the delivery by parking the execution: the effect's outcome is
         unknown and nobody may claim it until an operator resolves the step.
-        Fenced like an acknowledgement (it is one: the counter resets)."""
+        Fenced like an acknowledgement (it is one: the counter resets). A
+        pending cancel request or a passed deadline ends it instead, as an
+        acknowledgement would. Returns the status written."""
         row = await self.pool.fetchrow(
-            """
+            f"""
             WITH p AS (
-                UPDATE executions
-                SET status = 'parked', parked_reason = 'outcome_unknown', parked_step = $3,
-                    due_at = least(due_at, covered_due_at), covered_due_at = NULL,
+                UPDATE executions e
+                SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                                  WHEN e.deadline <= now() THEN 'timed_out'
+                                  ELSE 'parked' END,
+                    outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
+                                   WHEN e.deadline <= now() THEN {TIMED_OUT_OUTCOME} END,
+                    parked_reason = CASE WHEN e.cancel_requested_at IS NULL
+                                          AND NOT coalesce(e.deadline <= now(), false)
+                                         THEN 'outcome_unknown' END,
+                    parked_step = CASE WHEN e.cancel_requested_at IS NULL
+                                        AND NOT coalesce(e.deadline <= now(), false)
+                                       THEN $3 END,
+                    due_at = CASE WHEN e.cancel_requested_at IS NULL
+                                   AND NOT coalesce(e.deadline <= now(), false)
+                                  THEN least(e.due_at, e.covered_due_at) END,
+                    covered_due_at = NULL,
                     lease_owner = NULL, lease_expires_at = NULL,
                     unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
                     redeliver_after = NULL, updated_at = now()
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                RETURNING execution_id, token
+                WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
+                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
             ), eff AS (
                 UPDATE effects SET status = 'outcome_unknown', updated_at = now()
                 WHERE execution_id = (SELECT execution_id FROM p) AND step_key = $3
-            ), ev AS (
+            ), {WAKE_PARENTS.format(ended="p")}, ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'parked', token,
-                       jsonb_build_object('reason', 'outcome_unknown', 'stepKey', $3::text)
+                SELECT execution_id, status, token,
+                       CASE WHEN status = 'parked'
+                            THEN jsonb_build_object('reason', 'outcome_unknown',
+                                                    'stepKey', $3::text) END
                 FROM p
             )
-            SELECT execution_id FROM p
+            SELECT status FROM p
             """,
             lease.execution_id,
             lease.token,
@@ -136,3 +155,4 @@ class EffectStatements:
         )
         if row is None:
             raise LeaseLost(lease.execution_id, lease.token)
+        return row["status"]

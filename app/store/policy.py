@@ -25,7 +25,8 @@ TIMED_OUT_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
     'deadline', e.deadline))"""
 
 # A redelivery that would begin after the deadline is not scheduled.
-_PAST_DEADLINE = "e.deadline <= greatest(now(), coalesce(e.redeliver_after, now()))"
+# (coalesce: no deadline is never past it, and NOT NULL would be NULL.)
+_PAST_DEADLINE = "coalesce(e.deadline <= greatest(now(), coalesce(e.redeliver_after, now())), false)"
 
 _SETTLE = f"""
 WITH target AS (

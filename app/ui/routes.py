@@ -533,6 +533,8 @@ async def executions_page(request: Request) -> Response:
         "all_count": sum(counts.values()), "now": now, "chart": views.activity_chart(activity),
         "series": views.SERIES, "workflow_ids": workflow_ids, "sorts": SORT_LABELS,
         "page_sizes": PAGE_SIZES,
+        "registered": sorted(set(request.app.state.workflows or {}) | live),
+        "filtered": bool(set(f.raw) - {"refresh", "sort", "limit"}),
         "form_from": _form_time(f.admitted_from, f.raw.get("admittedFrom")),
         "form_to": _form_time(f.admitted_to, f.raw.get("admittedTo")),
     }, session=session, status=422 if f.problems else 200)

@@ -124,7 +124,7 @@ async def test_parked_for_each_reason_and_none_when_terminal(
     store = ExecutionStore(pool, redelivery_base_seconds=0.05, redelivery_cap_seconds=0.05,
                            max_unacknowledged_deliveries=1)
     unknown = await admit(store, "op-charge", "bb-parked-unknown", {"recovery": "neither"})
-    # A deadline, far away: see test_poison.py's xfail for poison without one.
+    # A deadline, far away: a deadline must not change the poison answer.
     poison = await admit(store, "op-quick", "bb-parked-poison", timeout_seconds=3600)
     done = await admit(store, "op-quick", "bb-completed")
     failed = await admit(store, "op-quick", "bb-failed")

@@ -224,11 +224,6 @@ async def test_holder_whose_lease_expired_after_a_cancel_cannot_complete(
     assert await event_count(store) == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: park_outcome_unknown (app/store/effects.py:107-138) ignores a pending cancel: a "
-    "holder that parks after a cancel was requested leaves the execution parked (and, once "
-    "resolved, admitted with cancel_requested_at set, which claim_due skips and nothing "
-    "settles: stuck forever) instead of cancelled"))
 async def test_cancel_requested_while_the_holder_parks_an_effect_ends_cancelled(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-charge", "cancel-then-park", {"recovery": "neither"})
@@ -272,10 +267,6 @@ async def test_cancel_terminal_is_409_and_unknown_is_404(
     assert await event_count(store) == mid and mid == before + 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: WorkflowContext.effect (app/sdk.py:294-298) only notes the interrupt begin_effect answers "
-    "('cancel') and calls the remote anyway; the holder learns of the cancel at that fenced "
-    "write but stops only after the external call was made"))
 async def test_effect_begun_after_a_cancel_does_not_call_out(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     # Renewals too rare to bring the news first: the effect's own fenced write does.

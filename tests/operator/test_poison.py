@@ -35,8 +35,7 @@ def deliveries(eid: str) -> list[str]:
 async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_the_counter(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start(max_unacknowledged_deliveries=MAX)
-    # A (far) deadline: without one the record loses its parked reason (see the
-    # xfail test below), which would hide everything else this test checks.
+    # With a (far) deadline; the test below covers poison with none.
     eid = await admit(store, "op-poison", "poison-retry", timeout_seconds=3600)
     await wait_status(store, eid, "parked")
 
@@ -66,12 +65,6 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     assert len(deliveries(eid)) == MAX + 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: app/store/policy.py:44-50 (_SETTLE) computes parked_reason and due_at with "
-    "`NOT (e.deadline <= ...)`, which is NULL when the execution has no deadline: a poison-"
-    "parked execution without a deadline gets parked_reason NULL (blockedBy parkedReason "
-    "null), loses its pending wake, and POST /resume answers 409 EXECUTION_NOT_PARKED "
-    "because store.resume requires parked_reason = 'poison'"))
 async def test_poison_parking_without_a_deadline_records_the_reason_and_can_be_resumed(
         pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     store = ExecutionStore(pool, redelivery_base_seconds=0.001, redelivery_cap_seconds=0.001,
