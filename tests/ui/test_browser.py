@@ -329,3 +329,15 @@ async def test_roles_with_authentication_on(open_ui):
     await expect(page2).to_have_url(re.compile(r"/ui/login\?reason=signed-out"))
     await page2.goto("/ui")
     await expect(page2).to_have_url(re.compile(r"/ui/login"))
+
+
+async def test_an_empty_service_says_how_to_start(open_ui):
+    ui = await open_ui(worker=False)
+    page = await ui.page()
+    await page.goto("/ui")
+    await expect(page.locator("#empty")).to_contain_text("Nothing admitted yet")
+    await expect(page.locator("#empty")).to_contain_text("ui-charge, ui-echo, ui-sleep")
+    await ui.shot(page, "executions-empty")
+    await page.goto("/ui?status=failed")
+    await expect(page.locator("#empty")).to_have_count(0)
+    await expect(page.locator(".summary")).to_contain_text("No executions match")
