@@ -317,9 +317,7 @@ async def test_trigger_conflict_does_not_reveal_anothers_execution(api, make_tok
 async def _parked_poison(pool, settings: Settings, eid: str) -> None:
     store = ExecutionStore.from_settings(
         pool, settings.model_copy(update={"max_unacknowledged_deliveries": 1}))
-    # A (far) deadline: without one the parked reason is lost (store bug, xfailed in
-    # tests/operator/test_poison.py).
-    await admitted(store, eid, workflow_id=f"wf-{eid}", timeout_seconds=3600)
+    await admitted(store, eid, workflow_id=f"wf-{eid}")
     [delivery] = await store.claim_due(1, 30, "w", [f"wf-{eid}"])
     await store.release(delivery.lease)
     assert (await store.get(eid))["status"] == "parked"

@@ -65,9 +65,7 @@ async def seed(pool: asyncpg.Pool, settings: Settings) -> Seeded:
     await _admit(store, s.running, "seed-run")
     [d] = await store.claim_due(1, 3600, "seed-worker", ["seed-run"])
 
-    # A deadline: without one a poison-parked record loses its reason (a known
-    # store bug, xfailed in tests/operator/test_poison.py).
-    await _admit(store, s.poison, "seed-poison", timeout_seconds=86400)
+    await _admit(store, s.poison, "seed-poison")
     [d] = await store.claim_due(1, 30, "seed-worker", ["seed-poison"])
     await store.release(d.lease)  # max_unacknowledged_deliveries = 1: parked as poison
 
