@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 from app.api.auth import ROLES, new_token
 from app.db import create_pool
@@ -29,7 +30,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         if args.tokens_command == "create":
             name = args.name.strip()
             if not name or len(name) > 200:
-                print("error: --name must be 1-200 characters")
+                print("error: --name must be 1-200 characters", file=sys.stderr)
                 return 2
             token_id, token, digest = new_token()
             await store.create_token(token_id, name=name, role=args.role, secret_sha256=digest)
@@ -46,7 +47,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         count = await store.revoke_token(args.token)
         if not count:
-            print(f"error: no live token with ID or name {args.token!r}")
+            print(f"error: no live token with ID or name {args.token!r}", file=sys.stderr)
             return 1
         print(f"revoked {count} token(s); running APIs stop accepting them within seconds")
         return 0
