@@ -179,6 +179,9 @@ INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.QueryCanceledError,
     asyncpg.TooManyConnectionsError,
+    # Transient conflicts between concurrent transactions: retried by redelivery.
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
 )
 
 
@@ -380,11 +383,17 @@ class WorkflowContext:
         if definition is not None:
             definition.parse_params(params if params is not None else {})
         answer, detail = await self._fenced(
-            self._store.start_child(self._lease, key, workflow_id=workflow_id,
-                                    params=params if params is not None else {},
-                                    child_id=child_id),
+            self._store.start_child(
+                self._lease, key, workflow_id=workflow_id,
+                params=params if params is not None else {}, child_id=child_id,
+                timeout_seconds=definition.timeout_seconds if definition is not None else None,
+            ),
             key,
         )
+        if answer == "parent_cancelling":  # no child was started, not even in cleanup
+            self.notice("cancel")
+            self._interrupt_raised = True
+            raise Cancelled("cancellation was requested; no child was started")
         if answer == "conflict":
             error = {
                 "name": "ExecutionIdConflict",

@@ -36,6 +36,10 @@ WAKE_PARENTS = """
     )"""
 
 
+class _Withdrawn(Exception):
+    """Internal: roll back a child insert whose parent is being cancelled."""
+
+
 class TransactionFailed(Exception):
     """The user's function (or its result) failed inside a transactional
     step; the transaction was rolled back, nothing of it was committed."""
@@ -45,7 +49,7 @@ class TransactionFailed(Exception):
         self.cause = cause
 
 
-ChildAnswer = Literal["started", "existing", "conflict"]
+ChildAnswer = Literal["started", "existing", "conflict", "parent_cancelling"]
 
 
 class ComposeStatements:
@@ -134,6 +138,13 @@ class ComposeStatements:
                         )
                     except (ValueError, TypeError, asyncpg.DataError) as exc:
                         raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+                    except asyncpg.InFailedSQLTransactionError as exc:
+                        # fn caught a SQL error and carried on: the transaction
+                        # is aborted, so nothing of it (nor the receipt) commits.
+                        raise TransactionFailed(RuntimeError(
+                            "the transaction was aborted by an error inside the step's "
+                            "function; nothing was committed"
+                        )) from exc
                     return _step(row, fence["interrupt"])
             finally:
                 # The user's code may have changed session state (SET, prepared
@@ -149,63 +160,84 @@ class ComposeStatements:
         workflow_id: str,
         params: Any,
         child_id: str,
+        timeout_seconds: float | None = None,
     ) -> tuple[ChildAnswer, dict]:
         """Admit the child under `child_id`, linked to the parent's step: the
         (parent, step) receipt makes a repeat (replay, or a stale holder racing
         the current one) return the same child and start nothing. An ID taken
         by an unrelated execution is a conflict. The parent must not have
-        ended (a stale holder of an ended parent starts nothing)."""
+        ended (a stale holder of an ended parent starts nothing) nor be being
+        cancelled (a parent being cancelled starts no new child).
+
+        Lock order, child row before parent row, is the order in which a
+        child's end locks them (its own row, then WAKE_PARENTS), so the two
+        can never deadlock: the child is inserted first, then the parent is
+        checked under FOR SHARE, and the insert is rolled back if it may not stand.
+        """
         try:
-            row = await self.pool.fetchrow(
-                f"""
-                WITH parent AS (
-                    -- FOR SHARE: the parent cannot end between this check and the insert.
-                    SELECT execution_id FROM executions
-                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
-                    FOR SHARE
-                ), ins AS (
+            async with self.pool.acquire() as conn, conn.transaction():
+                inserted = await conn.fetchval(
+                    """
                     INSERT INTO executions
                         (execution_id, workflow_id, params, context, status, due_at,
-                         parent_execution_id, parent_step_key)
-                    SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted', now(),
-                           $1, $2
-                    FROM parent
+                         deadline, parent_execution_id, parent_step_key)
+                    VALUES ($3, $4, coalesce($5, 'null'::jsonb), '{}'::jsonb, 'admitted', now(),
+                            now() + make_interval(secs => $6::float8), $1, $2)
                     ON CONFLICT (execution_id) DO NOTHING
-                    RETURNING execution_id
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, detail)
-                    SELECT execution_id, 'admitted',
-                           jsonb_build_object('workflowId', $4::text, 'parentExecutionId', $1::text)
-                    FROM ins
-                    UNION ALL
-                    SELECT $1, 'child_started',
-                           jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
-                    FROM ins
+                    RETURNING true
+                    """,
+                    lease.execution_id,
+                    step_key,
+                    child_id,
+                    workflow_id,
+                    params,
+                    timeout_seconds,
                 )
-                SELECT (SELECT count(*) FROM parent) AS parent_live,
-                       (SELECT count(*) FROM ins) AS inserted,
-                       pg_notify('{NOTIFY_CHANNEL}', '')
-                """,
-                lease.execution_id,
-                step_key,
-                child_id,
-                workflow_id,
-                params,
-            )
+                parent = await conn.fetchrow(
+                    f"""
+                    SELECT cancel_requested_at IS NOT NULL AS cancelling FROM executions
+                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+                    FOR SHARE
+                    """,
+                    lease.execution_id,
+                )
+                if parent is None:
+                    raise LeaseLost(lease.execution_id, lease.token)  # rolls the insert back
+                if parent["cancelling"]:
+                    raise _Withdrawn()  # rolls the insert back
+                if inserted:
+                    await conn.execute(
+                        f"""
+                        WITH ev AS (
+                            INSERT INTO execution_events (execution_id, kind, detail) VALUES
+                                ($3, 'admitted',
+                                 jsonb_build_object('workflowId', $4::text,
+                                                    'parentExecutionId', $1::text)),
+                                ($1, 'child_started',
+                                 jsonb_build_object('stepKey', $2::text,
+                                                    'childExecutionId', $3::text))
+                        )
+                        SELECT pg_notify('{NOTIFY_CHANNEL}', '')
+                        """,
+                        lease.execution_id,
+                        step_key,
+                        child_id,
+                        workflow_id,
+                    )
+                    return "started", {"executionId": child_id}
+                existing = await conn.fetchrow(
+                    "SELECT status, workflow_id, parent_execution_id, parent_step_key "
+                    "FROM executions WHERE execution_id = $1",
+                    child_id,
+                )
+        except _Withdrawn:
+            return "parent_cancelling", {"executionId": child_id}
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"child params: {exc}") from exc
-        if row["inserted"]:
-            return "started", {"executionId": child_id}
-        if not row["parent_live"]:
-            raise LeaseLost(lease.execution_id, lease.token)
-        existing = await self.pool.fetchrow(
-            "SELECT status, workflow_id, parent_execution_id, parent_step_key FROM executions "
-            "WHERE execution_id = $1",
-            child_id,
-        )
         if existing is None:  # deleted in between (retention): try again
             return await self.start_child(lease, step_key, workflow_id=workflow_id,
-                                          params=params, child_id=child_id)
+                                          params=params, child_id=child_id,
+                                          timeout_seconds=timeout_seconds)
         if (existing["parent_execution_id"], existing["parent_step_key"]) == (
             lease.execution_id, step_key
         ):

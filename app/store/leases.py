@@ -152,14 +152,22 @@ class LeaseStatements:
             """
             WITH held AS (
                 SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
+            ), free AS (
+                -- A row locked by a running transactional step (or a step
+                -- write) is skipped this round rather than waited for: one
+                -- long transaction must not stall the renewal of every other
+                -- lease in the batch. Skipped leases are neither renewed nor lost.
+                SELECT e.execution_id FROM executions e JOIN held h USING (execution_id)
+                FOR NO KEY UPDATE OF e SKIP LOCKED
             ), renewed AS (
                 UPDATE executions e
                 SET lease_expires_at = now() + make_interval(secs => $3)
                 FROM held h
                 -- Current token and a lease not ended by acknowledge, release
-                -- or the reaper; UPDATE's row lock makes check and write one.
+                -- or the reaper; the row lock makes check and write one.
                 WHERE e.execution_id = h.execution_id AND e.token = h.token
                   AND e.status = 'running'
+                  AND e.execution_id IN (SELECT execution_id FROM free)
                 RETURNING e.execution_id, e.token, e.lease_expires_at,
                           CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
                                WHEN e.deadline <= now() THEN 'deadline' END AS interrupt
@@ -171,25 +179,31 @@ class LeaseStatements:
                 SELECT h.execution_id, 'renewal_lost', h.token
                 FROM held h JOIN executions e ON e.execution_id = h.execution_id
                 WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
+                  AND h.execution_id IN (SELECT execution_id FROM free)
                   AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
                   AND NOT EXISTS (SELECT 1 FROM execution_events x
                                   WHERE x.execution_id = h.execution_id AND x.token = h.token
                                     AND x.kind = 'released')
             )
-            SELECT * FROM renewed
+            SELECT execution_id, token, lease_expires_at, interrupt, false AS busy FROM renewed
+            UNION ALL
+            SELECT execution_id, token, NULL, NULL, true FROM held
+            WHERE execution_id NOT IN (SELECT execution_id FROM free)
             """,
             [lease.execution_id for lease in leases],
             [lease.token for lease in leases],
             float(duration),
         )
-        expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"] for r in rows}
+        busy = {(r["execution_id"], r["token"]) for r in rows if r["busy"]}
+        expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"]
+                  for r in rows if not r["busy"]}
         interrupts = {r["execution_id"]: r["interrupt"] for r in rows if r["interrupt"]}
         renewed, lost = [], []
         for lease in leases:
             key = (lease.execution_id, lease.token)
             if key in expiry:
                 renewed.append(Lease(lease.execution_id, lease.token, expiry[key], lease.owner))
-            else:
+            elif key not in busy:
                 lost.append(lease)
         return renewed, lost, interrupts
 
