@@ -63,7 +63,10 @@ WITH target AS (
            END
     FROM s
 )
-SELECT execution_id, status FROM s
+-- A woken parent is due now: tell idle workers at commit.
+SELECT execution_id, status,
+       (SELECT count(pg_notify('fencepost_due', '')) FROM parent_wake) AS woke
+FROM s
 """
 
 _SWEEP_DEADLINES = f"""
@@ -85,7 +88,9 @@ WITH target AS (
     INSERT INTO execution_events (execution_id, kind, token)
     SELECT execution_id, 'timed_out', token FROM s
 )
-SELECT execution_id FROM s
+SELECT execution_id,
+       (SELECT count(pg_notify('fencepost_due', '')) FROM parent_wake) AS woke
+FROM s
 """
 
 

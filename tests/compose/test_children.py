@@ -121,16 +121,7 @@ async def test_parent_wakes_when_its_child_is_cancelled_on_its_own(store, worker
     assert "ops" in failed["message"]
 
 
-_NO_NOTIFY = pytest.mark.xfail(strict=True, reason=(
-    "bug: a child ended by request_cancel or by the deadline sweep makes its parent due "
-    "(WAKE_PARENTS) but sends no NOTIFY, so idle workers pick the parent up only at their "
-    "next poll (poll_seconds) instead of at once; acknowledge notifies "
-    "(app/store/operator.py:72 computes `woke` but never pg_notify; app/store/policy.py:31 "
-    "_SETTLE and :69 _SWEEP_DEADLINES have no pg_notify)"))
-
-
-@pytest.mark.parametrize("end", ["completed", pytest.param("cancelled", marks=_NO_NOTIFY),
-                                 pytest.param("timed_out", marks=_NO_NOTIFY)])
+@pytest.mark.parametrize("end", ["completed", "cancelled", "timed_out"])
 async def test_a_childs_end_notifies_idle_workers_of_its_waking_parent(store: ExecutionStore,
                                                                        pool, end):
     await admit(store, "cmp-store-parent", "p")
@@ -440,13 +431,6 @@ async def test_cancellation_reaches_grandchildren(store: ExecutionStore):
         assert (await store.get(eid))["status"] == "cancelled", eid
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a child started while the parent's cancel request is waiting for the parent row "
-    "is never reached: request_cancel's recursive tree is read with the statement's "
-    "snapshot taken before start_child committed, so the parent gets the request and the "
-    "new child none; the parent then ends cancelled and the child runs on "
-    "(app/store/operator.py:32-39 WITH RECURSIVE tree, one statement; start_child, "
-    "app/store/compose.py:181-200, inserts the child before it locks the parent)"))
 async def test_a_child_started_while_the_parents_cancel_waits_is_reached_too(
         store: ExecutionStore, pool):
     """start_child and request_cancel of its parent at once. A third
