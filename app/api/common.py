@@ -4,6 +4,7 @@ validation errors in the one error shape, documented error responses."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -112,3 +113,24 @@ def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",
     )
 
 
+
+
+def registered_workflow(request: Request, workflow_id: str, params: Any):
+    """The workflow's definition with `params` checked against its model, or
+    None when the API was started without a registry (any workflow is
+    accepted then). 404 WORKFLOW_NOT_FOUND / 422 INVALID_PARAMS otherwise."""
+    definitions = request.app.state.workflows
+    if definitions is None:
+        return None
+    definition = definitions.get(workflow_id)
+    if definition is None:
+        raise ApiError(
+            404, "WORKFLOW_NOT_FOUND",
+            f"no workflow {workflow_id!r} is registered; registered: "
+            f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
+        )
+    try:
+        definition.parse_params(params)
+    except ValidationError as exc:
+        raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
+    return definition

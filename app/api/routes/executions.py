@@ -19,6 +19,7 @@ from app.api.common import (
     _invalid,
     _json,
     _optional_body_schema,
+    registered_workflow,
 )
 from app.api.deps import SettingsDep, StoreDep, live_workflows
 from app.api.errors import ApiError, not_found
@@ -73,21 +74,9 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         raise ApiError(422, "INVALID_EXECUTION_EVENT",
                        "deadline: give a time zone offset (for example 2026-01-01T00:00:00Z)")
     timeout_seconds = req.timeout_seconds
-    definitions = request.app.state.workflows
-    if definitions is not None:
-        definition = definitions.get(req.workflow_id)
-        if definition is None:
-            raise ApiError(
-                404, "WORKFLOW_NOT_FOUND",
-                f"no workflow {req.workflow_id!r} is registered; registered: "
-                f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
-            )
-        try:
-            definition.parse_params(req.params)
-        except ValidationError as exc:
-            raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
-        if req.deadline is None and timeout_seconds is None:
-            timeout_seconds = definition.timeout_seconds
+    definition = registered_workflow(request, req.workflow_id, req.params)
+    if definition is not None and req.deadline is None and timeout_seconds is None:
+        timeout_seconds = definition.timeout_seconds
     try:
         result = await store.admit(
             workflow_id=req.workflow_id,

@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from app import cron
 from app.api.auth import Operator, StrictReader, actor
-from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _invalid, _json
+from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _invalid, _json, registered_workflow
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
 from app.api.models import ID_PATTERN, ErrorBody
@@ -162,19 +162,7 @@ async def create_schedule(request: Request, response: Response, store: StoreDep,
         cron.zone(req.timezone)
     except cron.TimezoneError as exc:
         raise ApiError(422, "INVALID_SCHEDULE", f"timezone: {exc}") from None
-    definitions = request.app.state.workflows
-    if definitions is not None:
-        definition = definitions.get(req.workflow_id)
-        if definition is None:
-            raise ApiError(
-                404, "WORKFLOW_NOT_FOUND",
-                f"no workflow {req.workflow_id!r} is registered; registered: "
-                f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
-            )
-        try:
-            definition.parse_params(req.params)
-        except ValidationError as exc:
-            raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
+    registered_workflow(request, req.workflow_id, req.params)
     try:
         created, row = await store.create_schedule(
             schedule_id=req.schedule_id,
