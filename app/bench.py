@@ -141,19 +141,20 @@ async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
                       clients: int) -> dict:
     latencies: list[float] = []
     bodies = [
-        json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-{i}", "params": {"n": i}}).encode()
+        json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-mixed-{i}",
+                    "params": {"n": i}}).encode()
         for i in range(n)
     ]
     t0 = time.perf_counter()
     await asyncio.gather(*(_admit_over(port, bodies[c::clients], latencies) for c in range(clients)))
     admit_seconds = time.perf_counter() - t0
     deadline = time.monotonic() + max(120, n / 20)
-    pattern = f"{run}-%"
+    # Only this phase's executions (the backlog and latency phases use other IDs).
+    pattern = f"{run}-mixed-%"
     while True:
         done = await conn.fetchval(
-            "SELECT count(*) FROM executions WHERE execution_id LIKE $1 "
-            "AND execution_id NOT LIKE $2 AND status = 'completed'",
-            pattern, f"{run}-lat-%",
+            "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status = 'completed'",
+            pattern,
         )
         if done >= n:
             break
@@ -162,8 +163,8 @@ async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
         await asyncio.sleep(0.1)
     span = await conn.fetchval(
         "SELECT extract(epoch FROM max(updated_at) - min(admitted_at)) FROM executions "
-        "WHERE execution_id LIKE $1 AND execution_id NOT LIKE $2",
-        pattern, f"{run}-lat-%",
+        "WHERE execution_id LIKE $1",
+        pattern,
     )
     return {
         "admissions_per_second": n / admit_seconds,
