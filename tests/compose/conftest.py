@@ -14,7 +14,6 @@ application's own schema `shop` created in it (flows.SHOP_DDL).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -26,8 +25,8 @@ from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
-from app.worker import Worker
 from tests.compose import flows
+from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.compose.flows"])
 assert WORKFLOWS and all(w.startswith("cmp-") for w in WORKFLOWS), sorted(WORKFLOWS)
@@ -36,6 +35,11 @@ assert WORKFLOWS and all(w.startswith("cmp-") for w in WORKFLOWS), sorted(WORKFL
 @pytest.fixture(autouse=True)
 def _reset_flows() -> None:
     flows.reset()
+
+
+def _open_gates() -> None:
+    for event in flows.GATES.values():
+        event.set()
 
 
 @pytest.fixture
@@ -57,42 +61,9 @@ async def store(pool: asyncpg.Pool, cmp_settings: Settings) -> ExecutionStore:
     return ExecutionStore.from_settings(pool, cmp_settings)
 
 
-class Workers:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.tasks: dict[Worker, asyncio.Task] = {}
-
-    async def start(self, concurrency: int = 4, **overrides) -> Worker:
-        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
-        worker = Worker(settings, WORKFLOWS, concurrency=concurrency)
-        self.tasks[worker] = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while worker.store is None:  # registered in `workers` once the store exists
-            if self.tasks[worker].done():
-                self.tasks[worker].result()
-            assert loop.time() < deadline, "worker did not start"
-            await asyncio.sleep(0.01)
-        return worker
-
-    async def stop_all(self) -> None:
-        for event in flows.GATES.values():
-            event.set()
-        errors = []
-        for worker, task in list(self.tasks.items()):
-            worker.request_stop()
-            try:
-                await asyncio.wait_for(task, timeout=10)
-            except Exception as exc:
-                errors.append(exc)
-        self.tasks.clear()
-        if errors:
-            raise errors[0]
-
-
 @pytest_asyncio.fixture
-async def workers(cmp_settings: Settings, store: ExecutionStore) -> AsyncIterator[Workers]:
-    running = Workers(cmp_settings)
+async def workers(cmp_settings: Settings, store: ExecutionStore) -> AsyncIterator[InProcessWorkers]:
+    running = InProcessWorkers(cmp_settings, WORKFLOWS, before_stop=_open_gates)
     try:
         yield running
     finally:

@@ -13,7 +13,6 @@ poison, blockedBy, resolve/resume, history).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -25,9 +24,9 @@ from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
-from app.worker import Worker
 from tests.operator import flows
 from tests.operator.procs import Procs
+from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.operator.flows"])
 assert WORKFLOWS and all(w.startswith("op-") for w in WORKFLOWS), sorted(WORKFLOWS)
@@ -48,6 +47,11 @@ def _reset_flows() -> None:
 # The API's bearer-token authentication, where the tree has it, is another
 # suite's subject: these tests act as the anonymous operator.
 _NO_AUTH = {"auth": "disabled"} if "auth" in Settings.model_fields else {}
+
+
+def _open_gates() -> None:
+    for event in flows.GATES.values():
+        event.set()
 
 
 @pytest.fixture
@@ -80,46 +84,10 @@ async def api(op_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
-class Workers:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.tasks: dict[Worker, asyncio.Task] = {}
-
-    async def start(self, concurrency: int = 8, workflows=None, **overrides) -> Worker:
-        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
-        worker = Worker(settings, workflows or WORKFLOWS, concurrency=concurrency)
-        task = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
-        self.tasks[worker] = task
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while worker.store is None:  # registered once the store exists
-            if task.done():
-                task.result()
-            assert loop.time() < deadline, "worker did not start"
-            await asyncio.sleep(0.01)
-        return worker
-
-    async def stop(self, worker: Worker) -> None:
-        worker.request_stop()
-        await asyncio.wait_for(self.tasks.pop(worker), timeout=10)
-
-    async def stop_all(self) -> None:
-        for event in flows.GATES.values():
-            event.set()
-        first: BaseException | None = None
-        for worker in list(self.tasks):
-            try:
-                await self.stop(worker)
-            except Exception as exc:
-                first = first or exc
-        if first is not None:
-            raise first
-
-
 @pytest_asyncio.fixture
-async def workers(op_settings: Settings, store: ExecutionStore) -> AsyncIterator[Workers]:
+async def workers(op_settings: Settings, store: ExecutionStore) -> AsyncIterator[InProcessWorkers]:
     # Depends on `store` (the pool) so the workers stop before the pool closes.
-    w = Workers(op_settings)
+    w = InProcessWorkers(op_settings, WORKFLOWS, default_concurrency=8, before_stop=_open_gates)
     try:
         yield w
     finally:

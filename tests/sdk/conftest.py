@@ -15,7 +15,6 @@ short leases and polls so nothing waits long:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -25,8 +24,8 @@ import pytest_asyncio
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
-from app.worker import Worker
 from tests.sdk import flows
+from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.sdk.flows"])
 assert WORKFLOWS and all(w.startswith("sdk-") for w in WORKFLOWS), sorted(WORKFLOWS)
@@ -57,45 +56,10 @@ def store(pool: asyncpg.Pool, sdk_settings: Settings) -> ExecutionStore:
     return s
 
 
-class Workers:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.tasks: dict[Worker, asyncio.Task] = {}
-
-    async def start(self, concurrency: int = 4, **overrides) -> Worker:
-        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
-        worker = Worker(settings, WORKFLOWS, concurrency=concurrency)
-        self.tasks[worker] = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
-        # Started = registered in the workers table (the store exists then).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while worker.store is None:
-            if self.tasks[worker].done():
-                self.tasks[worker].result()  # raises what killed it
-            assert loop.time() < deadline, "worker did not start"
-            await asyncio.sleep(0.01)
-        return worker
-
-    async def stop(self, worker: Worker, timeout: float = 10.0) -> None:
-        worker.request_stop()
-        task = self.tasks.pop(worker)
-        await asyncio.wait_for(task, timeout=timeout)
-
-    async def stop_all(self) -> None:
-        errors = []
-        for worker in list(self.tasks):
-            try:
-                await self.stop(worker)
-            except Exception as exc:  # keep stopping the others
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-
-
 @pytest_asyncio.fixture
-async def workers(sdk_settings: Settings, store: ExecutionStore) -> AsyncIterator[Workers]:
+async def workers(sdk_settings: Settings, store: ExecutionStore) -> AsyncIterator[InProcessWorkers]:
     # Depends on `store` so workers stop before the test pool closes.
-    pool_of_workers = Workers(sdk_settings)
+    pool_of_workers = InProcessWorkers(sdk_settings, WORKFLOWS)
     try:
         yield pool_of_workers
     finally:

@@ -77,9 +77,10 @@ async def kinds(store: ExecutionStore, execution_id: str) -> list[str]:
 
 async def kinds_ignoring_late_renewals(store: ExecutionStore, execution_id: str) -> list[str]:
     """Event kinds, leaving out 'renewal_lost' events for a token whose
-    delivery had already ended (acknowledged/released/expired) before: a
-    renewal racing the end of a delivery records one (a known minor bug, see
-    test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal)."""
+    delivery had already ended (acknowledged/released/expired) before. The
+    store writes none when the holder ended it itself (see
+    test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal);
+    a lease ended by the reaper or a newer claim still gets one."""
     ended: set[int] = set()
     out = []
     for e in await store.events(execution_id):
