@@ -39,6 +39,9 @@ class WorkflowDefinition:
     # schedule ID is the workflow ID. Slots are admitted with params {}.
     schedule: str | None = None
     timezone: str | None = None
+    # Recorded on each execution admitted under it (`codeVersion`), so an
+    # operator can tell which code a stuck or failed execution started with.
+    version: str | None = None
 
     def parse_params(self, raw: Any) -> Any:
         """The value handed to workflow code: a model instance when declared."""
@@ -56,7 +59,7 @@ class WorkflowRegistrationError(ValueError):
 
 def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timeout: float | timedelta | None = None, schedule: str | None = None,
-             timezone: str | None = None):
+             timezone: str | None = None, version: str | None = None):
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
     `schedule`: a five-field cron expression (see app.cron) evaluated in
@@ -91,7 +94,7 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
             )
         _registry[workflow_id] = WorkflowDefinition(
             workflow_id, fn, params, fn.__module__, timeout_seconds,
-            schedule=schedule, timezone=timezone,
+            schedule=schedule, timezone=timezone, version=version,
         )
         return fn
 

@@ -103,6 +103,9 @@ class ExecutionSummary(Camel):
 
 
 class ExecutionRecord(ExecutionSummary):
+    code_version: str | None = Field(
+        None, description="The workflow's `version=` when this execution was admitted."
+    )
     params: Any
     context: dict[str, Any]
     outcome: dict[str, Any] | None = Field(
@@ -182,6 +185,7 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
 def record(row: dict, live_workflows: set[str] | None = None) -> dict:
     return {
         **summary(row, live_workflows),
+        "codeVersion": row["code_version"],
         "params": row["params"],
         "context": row["context"],
         "outcome": row["outcome"],

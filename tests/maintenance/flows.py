@@ -14,3 +14,8 @@ async def retry_once(ctx, params):
     if ctx.attempt == 1:
         raise Retry("first delivery gives up")
     return "second time"
+
+
+@workflow("mnt-versioned", version="2026-11-29.1")
+async def versioned(ctx, params):
+    return "v"

@@ -85,6 +85,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             execution_id=req.execution_id,
             deadline=req.deadline,
             timeout_seconds=timeout_seconds,
+            code_version=definition.version if definition is not None else None,
             admitted_by=principal.token_id,
         )
     except InvalidEvent as exc:
