@@ -24,27 +24,25 @@ plain SQL helpers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import asyncpg
 
 from app.db import create_pool
 from app.settings import Settings
 from app.store import ExecutionStore
+from tests.support.processes import (  # noqa: F401 - re-exported for the tests
+    REPO_ROOT,
+    WorkerProcess,
+    is_registered,
+    spawn_worker,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FLOWS_MODULE = "tests.acceptance.flows"
 
 # Short timings so a lost lease is taken over in about two seconds.
@@ -60,69 +58,6 @@ DEFAULT_SETTINGS: dict[str, str] = {
 LEASE_SECONDS = float(DEFAULT_SETTINGS["FENCEPOST_LEASE_SECONDS"])
 
 TERMINAL = ("completed", "failed", "cancelled", "timed_out")
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class WorkerProcess:
-    name: str
-    worker_id: str
-    proc: subprocess.Popen
-    log_path: Path
-    _log_file: TextIO = field(repr=False)
-    stopped: bool = False  # SIGSTOPped and not continued since
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.poll()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if sig == signal.SIGSTOP:
-            self.stopped = True
-        elif sig == signal.SIGCONT:
-            self.stopped = False
-        self.proc.send_signal(sig)
-
-    async def wait_exit(self, timeout: float) -> int:
-        """The exit code; AssertionError if the process is still running after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {self.name} (pid {self.pid}) still running "
-                                     f"after {timeout:.1f}s")
-            await asyncio.sleep(0.02)
-        return self.proc.returncode
-
-    def log(self) -> str:
-        with contextlib.suppress(Exception):
-            self._log_file.flush()
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-
-    def kill(self) -> None:
-        """SIGCONT (a stopped process cannot die until continued) then SIGKILL."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.send_signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-        self.stopped = False
-        with contextlib.suppress(Exception):
-            self._log_file.close()
 
 
 class Harness:
@@ -169,29 +104,19 @@ class Harness:
 
     # ----------------------------------------------------------------- workers
 
+    # The workflows its workers run, and their IDs' prefix (a subclass may change both).
+    flows_module = FLOWS_MODULE
+    worker_prefix = "acc-worker"
+
     def spawn_worker(self, name: str, *, concurrency: int = 4,
                      settings: dict[str, Any] | None = None) -> WorkerProcess:
         """Start a worker process; it may not have registered yet."""
-        worker_id = f"acc-worker-{name}"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("FENCEPOST_") and k != "DATABASE_URL"}
-        env.update(DEFAULT_SETTINGS)
-        env.update({k: str(v) for k, v in (settings or {}).items()})
-        env["DATABASE_URL"] = self.database_url
-        env["ACC_MARK_DIR"] = str(self.mark_dir)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        w = spawn_worker(
+            name, database_url=self.database_url, flows_module=self.flows_module,
+            log_dir=self.log_dir, worker_id=f"{self.worker_prefix}-{name}",
+            concurrency=concurrency, settings={**DEFAULT_SETTINGS, **(settings or {})},
+            extra_env={"ACC_MARK_DIR": str(self.mark_dir)},
         )
-        env["PYTHONUNBUFFERED"] = "1"
-        log_path = self.log_dir / f"{name}.log"
-        log_file = open(log_path, "a")  # noqa: SIM115 - closed by WorkerProcess.kill
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency),
-             "--workflows", FLOWS_MODULE, "--worker-id", worker_id, "--log-level", "info"],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        w = WorkerProcess(name, worker_id, proc, log_path, log_file)
         self.workers.append(w)
         return w
 
@@ -204,16 +129,8 @@ class Harness:
         return w
 
     async def wait_registered(self, w: WorkerProcess, timeout: float = 20.0) -> None:
-        async def registered() -> bool:
-            if not w.alive():
-                raise AssertionError(f"worker {w.name} exited with {w.returncode} before "
-                                     f"registering:\n{w.log()}")
-            row = await self.pool.fetchrow(
-                "SELECT pid, stopped_at FROM workers WHERE worker_id = $1", w.worker_id
-            )
-            return row is not None and row["pid"] == w.pid and row["stopped_at"] is None
-
-        await self.wait_for(registered, timeout=timeout, what=f"worker {w.name} registered")
+        await self.wait_for(lambda: is_registered(self.pool, w), timeout=timeout,
+                            what=f"worker {w.name} registered")
 
     # ------------------------------------------------------------------ waiting
 

@@ -9,22 +9,15 @@ loads tests.compose.flows instead of the acceptance flows.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.acceptance.harness import (
-    DEFAULT_SETTINGS,
-    REPO_ROOT,
     TERMINAL,
     Harness,
     WorkerProcess,
-    _die_with_parent,
 )
 
 pytestmark = pytest.mark.acceptance
@@ -36,30 +29,8 @@ PARENT = "cmp-fan-1"
 class ComposeHarness(Harness):
     """The acceptance harness, with workers running tests.compose.flows."""
 
-    def spawn_worker(self, name: str, *, concurrency: int = 8,
-                     settings: dict[str, Any] | None = None) -> WorkerProcess:
-        worker_id = f"cmp-worker-{name}"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("FENCEPOST_") and k != "DATABASE_URL"}
-        env.update(DEFAULT_SETTINGS)
-        env.update({k: str(v) for k, v in (settings or {}).items()})
-        env["DATABASE_URL"] = self.database_url
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        log_path = self.log_dir / f"{name}.log"
-        log_file = open(log_path, "a")  # noqa: SIM115 - closed by WorkerProcess.kill
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency),
-             "--workflows", "tests.compose.flows", "--worker-id", worker_id,
-             "--log-level", "info"],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        w = WorkerProcess(name, worker_id, proc, log_path, log_file)
-        self.workers.append(w)
-        return w
+    flows_module = "tests.compose.flows"
+    worker_prefix = "cmp-worker"
 
 
 async def child_counts(h: Harness) -> dict[str, int]:
@@ -80,7 +51,7 @@ async def holds_a_lease(h: Harness, w: WorkerProcess) -> bool:
 async def kill_and_restart(h: ComposeHarness, victim: WorkerProcess) -> WorkerProcess:
     victim.signal(signal.SIGKILL)
     assert await victim.wait_exit(10) == -signal.SIGKILL
-    return await h.start_worker(f"{victim.name}2")
+    return await h.start_worker(f"{victim.name}2", concurrency=8)
 
 
 async def test_a_parent_and_50_children_finish_under_two_workers_killed_and_restarted(
@@ -97,8 +68,8 @@ async def test_a_parent_and_50_children_finish_under_two_workers_killed_and_rest
 
 
 async def run(h: ComposeHarness) -> None:
-    a = await h.start_worker("A")
-    b = await h.start_worker("B")
+    a = await h.start_worker("A", concurrency=8)
+    b = await h.start_worker("B", concurrency=8)
     await h.admit(PARENT, {"n": N, "seconds": 0.4}, workflow_id="cmp-fanout")
 
     # Kill 1: the worker holding the parent, while it is starting children.

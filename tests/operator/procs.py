@@ -12,21 +12,15 @@ short FENCEPOST_* timings (lease 1 s, renew 0.2 s, poll 0.2 s, redelivery
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import asyncpg
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import WorkerProcess, is_registered, spawn_worker
+
 FLOWS_MODULE = "tests.operator.flows"
 
 SETTINGS: dict[str, str] = {
@@ -41,54 +35,7 @@ SETTINGS: dict[str, str] = {
 LEASE_SECONDS = float(SETTINGS["FENCEPOST_LEASE_SECONDS"])
 
 
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Proc:
-    name: str
-    worker_id: str
-    proc: subprocess.Popen
-    log_path: Path
-    _log: TextIO = field(repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def send(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    async def wait_exit(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {self.name} still running after {timeout}s")
-            await asyncio.sleep(0.02)
-        return self.proc.returncode
-
-    def log(self) -> str:
-        with contextlib.suppress(Exception):
-            self._log.flush()
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)  # a stopped process dies only when continued
-                self.proc.send_signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-        with contextlib.suppress(Exception):
-            self._log.close()
+Proc = WorkerProcess
 
 
 class Procs:
@@ -101,25 +48,9 @@ class Procs:
 
     def spawn(self, name: str, *, concurrency: int = 8,
               settings: dict[str, Any] | None = None) -> Proc:
-        worker_id = f"op-worker-{name}"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("FENCEPOST_") and k != "DATABASE_URL"}
-        env.update(SETTINGS)
-        env.update({k: str(v) for k, v in (settings or {}).items()})
-        env["DATABASE_URL"] = self.database_url
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "a")  # noqa: SIM115 - closed by Proc.kill
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency),
-             "--workflows", FLOWS_MODULE, "--worker-id", worker_id, "--log-level", "info"],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        p = Proc(name, worker_id, proc, log_path, log)
+        p = spawn_worker(name, database_url=self.database_url, flows_module=FLOWS_MODULE,
+                         log_dir=self.log_dir, worker_id=f"op-worker-{name}",
+                         concurrency=concurrency, settings={**SETTINGS, **(settings or {})})
         self.all.append(p)
         return p
 
@@ -128,14 +59,7 @@ class Procs:
         """Spawn a worker and return once it has registered (pid matches)."""
         p = self.spawn(name, concurrency=concurrency, settings=settings)
 
-        async def registered() -> bool:
-            if not p.alive():
-                raise AssertionError(f"worker {name} exited before registering:\n{p.log()}")
-            row = await self.pool.fetchrow(
-                "SELECT pid, stopped_at FROM workers WHERE worker_id = $1", p.worker_id)
-            return row is not None and row["pid"] == p.pid and row["stopped_at"] is None
-
-        await wait_for(registered, timeout=20, what=f"worker {name} registered")
+        await wait_for(lambda: is_registered(self.pool, p), timeout=20, what=f"worker {name} registered")
         return p
 
     def kill_all(self) -> None:
