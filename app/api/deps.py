@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.blocked import blocked_by
 from app.settings import Settings
 from app.store import ExecutionStore
 
@@ -23,7 +24,12 @@ StoreDep = Annotated[ExecutionStore, Depends(_store)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
-async def live_workflows(store: ExecutionStore, settings: Settings) -> set[str]:
-    """Workflows some live worker runs: one that has heartbeated within three
-    renewal intervals (workers heartbeat at every renewal)."""
+async def live_workflows(store: ExecutionStore, settings: Settings,
+                         rows: list[dict]) -> set[str] | None:
+    """Workflows some live worker runs (one that has heartbeated within three
+    renewal intervals; workers heartbeat at every renewal), read only when a
+    row is due: that is the one case in which blockedBy tells `due` from
+    `no-worker`."""
+    if not any((blocked_by(r, None) or {}).get("reason") == "due" for r in rows):
+        return None
     return await store.live_workflow_ids(3 * settings.renew_seconds + 1)

@@ -161,7 +161,7 @@ async def list_executions(
         admitted_by=principal.token_id if principal.owns_only() else None,
         parent_execution_id=parent_execution_id,
     )
-    live = await live_workflows(store, settings)
+    live = await live_workflows(store, settings, rows)
     return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}
 
 
@@ -177,7 +177,7 @@ async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDe
     row = await store.get(execution_id)
     if row is None or (principal.owns_only() and row["admitted_by"] != principal.token_id):
         raise not_found(execution_id)
-    return record(row, await live_workflows(store, settings))
+    return record(row, await live_workflows(store, settings, [row]))
 
 
 @router.post(
