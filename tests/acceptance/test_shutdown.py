@@ -45,9 +45,12 @@ async def test_sigterm_under_load_exits_0_within_grace_and_loses_nothing(
 
     await h.wait_for(some_done, timeout=20, what="A completes a few executions")
     assert all(h.started(eid, "two", pid=a.pid) for eid in slow)
-    sigterm_db_time = await h.pool.fetchval("SELECT now()")
     a.signal(signal.SIGTERM)
     started = time.monotonic()
+    # Read after signalling: a claim already in flight when the signal landed
+    # began before it (its `at` is its transaction's start), so it counts as
+    # claimed before the stop; one that began after this read would not.
+    sigterm_db_time = await h.pool.fetchval("SELECT now()")
     rc = await a.wait_exit(grace + 3)
     elapsed = time.monotonic() - started
     assert rc == 0, a.log()
