@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app import cron
+from app.dberrors import INFRASTRUCTURE_ERRORS
 from app.registry import WorkflowDefinition
-from app.sdk import INFRASTRUCTURE_ERRORS
 from app.store import Admitted, ExecutionStore
 
 log = logging.getLogger("fencepost.scheduler")

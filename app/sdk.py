@@ -22,8 +22,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-import asyncpg
-
+from app.dberrors import INFRASTRUCTURE_ERRORS
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition, workflow
 from app.store import (
@@ -170,19 +169,6 @@ class RetryPolicy:
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 
-# Errors that mean the database, not the workflow, failed: never an outcome.
-INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.QueryCanceledError,
-    asyncpg.TooManyConnectionsError,
-    # Transient conflicts between concurrent transactions: retried by redelivery.
-    asyncpg.DeadlockDetectedError,
-    asyncpg.SerializationError,
-)
 
 
 def error_of(exc: BaseException) -> dict:

@@ -26,6 +26,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from app.db import asyncpg_dsn, create_pool
+from app.dberrors import INFRASTRUCTURE_ERRORS
 from app.logs import Fields
 from app.metrics import METRICS
 from app.migrate import SchemaOutOfDate, check_schema
@@ -34,7 +35,6 @@ from app.registry import WorkflowDefinition
 from app.retention import RetentionPruner
 from app.scheduler import Scheduler
 from app.sdk import (
-    INFRASTRUCTURE_ERRORS,
     Cancelled,
     DeadlineExceeded,
     DeliveryStopped,
