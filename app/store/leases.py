@@ -129,6 +129,7 @@ class LeaseStatements:
                 deadline=r["deadline"],
                 code_version=r["code_version"],
                 claimed_at=r["claimed_at"],
+                taken_over=r["how"] == "expired",
             )
             for r in rows
         ]

@@ -51,6 +51,9 @@ class Delivery:
     deadline: datetime | None
     code_version: str | None
     claimed_at: datetime  # database time of the claim
+    # The claim took over a lease that had expired unacknowledged (a crash,
+    # a pause): counted as a lease expiry, like the reaper's.
+    taken_over: bool = False
 
 
 @dataclass(frozen=True)
