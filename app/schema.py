@@ -79,6 +79,8 @@ executions = Table(
     # {"signal": name}; read by blockedBy.
     Column("waiting_on", JSONB, nullable=True),
     Column("deadline", DateTime(timezone=True), nullable=True),
+    # Late observations that disagreed with what was recorded (never applied).
+    Column("integrity_conflicts", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status_known"
     ),
@@ -115,6 +117,15 @@ Index(
 Index(
     "ix_executions_parent",
     executions.c.parent_execution_id,
+    postgresql_where=text("parent_execution_id IS NOT NULL"),
+)
+# One child per (parent, step key): start_child's receipt. A stale or
+# concurrent start of the same step can never leave a second child.
+Index(
+    "ux_executions_parent_step",
+    executions.c.parent_execution_id,
+    executions.c.parent_step_key,
+    unique=True,
     postgresql_where=text("parent_execution_id IS NOT NULL"),
 )
 # Retention reads only terminal rows, oldest first.
@@ -177,8 +188,23 @@ late_observations = Table(
     Column("value", JSONB, nullable=True),
     Column("error", JSONB, nullable=True),
     Column("observed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Compared with the recorded step (or, for an acknowledgement, the terminal
+    # outcome) when it was appended: NULL nothing recorded to compare with,
+    # false the same, true different (an integrity conflict).
+    Column("conflict", Boolean, nullable=True),
 )
 Index("ix_late_observations_execution", late_observations.c.execution_id)
+
+# A tombstone per execution deleted by retention: the ID stays taken (admission
+# refuses it) and its last fencing token is kept, so neither is ever reused.
+retired_executions = Table(
+    "retired_executions",
+    metadata,
+    Column("execution_id", Text, primary_key=True),
+    Column("last_token", BigInteger, nullable=False),
+    Column("workflow_id", Text, nullable=True),
+    Column("retired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
 
 signals = Table(
     "signals",
