@@ -32,19 +32,21 @@ class SignalStatements:
             row = await self.pool.fetchrow(
                 f"""
                 WITH target AS (
-                    -- FOR SHARE: no terminal acknowledgement can land between
-                    -- this check and the insert below.
-                    SELECT execution_id FROM executions
+                    -- One row lock, taken once, by the write itself: the wake
+                    -- (an UPDATE, FOR NO KEY UPDATE) comes first, so concurrent
+                    -- senders queue on the row instead of each holding a FOR
+                    -- SHARE lock and then waiting for the others' to upgrade
+                    -- (a deadlock). Re-checked on the current row version, so
+                    -- no terminal acknowledgement can land between this check
+                    -- and the insert below; and signal_id is drawn under the
+                    -- lock, so signal_id order is the order senders got the row.
+                    UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
                     WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
-                    FOR SHARE
+                    RETURNING execution_id
                 ), sig AS (
                     INSERT INTO signals (execution_id, name, payload)
                     SELECT execution_id, $2, coalesce($3, 'null'::jsonb) FROM target
                     RETURNING signal_id
-                ), wake AS (
-                    UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
-                    WHERE execution_id = (SELECT execution_id FROM target)
-                    RETURNING execution_id
                 ), ev AS (
                     INSERT INTO execution_events (execution_id, kind, detail)
                     SELECT $1, 'signal_received',

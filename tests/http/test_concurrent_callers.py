@@ -1,0 +1,170 @@
+"""Concurrent callers never see a 500 (issue 10, item 1).
+
+A real `fencepost api` process and two real `fencepost worker` processes on
+the test database; 24 clients signal one waiting execution at once, for
+several rounds. Every signal must be answered 202 and stored, and the
+workflow (wait_for_signal in a loop, one step key per signal) must consume
+them all, in the order they were stored (signal_id order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest_asyncio
+
+from tests.acceptance.harness import Harness
+from tests.support.processes import REPO_ROOT, _die_with_parent
+
+FLOWS = "tests.http.concurrent_flows"
+CLIENTS = 24
+ROUNDS = 8
+
+
+class ConcurrencyHarness(Harness):
+    flows_module = FLOWS
+    worker_prefix = "cc-worker"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiProcess:
+    """`python -m app.cli api` on 127.0.0.1:<free port>, log in `<dir>/api.log`."""
+
+    def __init__(self, database_url: str, log_dir: Path, env: dict[str, str] | None = None):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / "api.log"
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith("FENCEPOST_") and k != "DATABASE_URL"}
+        environ.update({"DATABASE_URL": database_url, "FENCEPOST_AUTH": "disabled",
+                        "PYTHONUNBUFFERED": "1",
+                        "PYTHONPATH": os.pathsep.join(
+                            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)})
+        environ.update(env or {})
+        self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port), "--workflows",
+             FLOWS, "--log-format", "console", "--log-level", "warning"],
+            cwd=REPO_ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log,
+            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+        )
+
+    async def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(base_url=self.base, timeout=2) as c:
+            while True:
+                assert self.proc.poll() is None, f"api exited:\n{self.log()}"
+                with contextlib.suppress(httpx.TransportError):
+                    if (await c.get("/readyz")).status_code == 200:
+                        return
+                assert time.monotonic() < deadline, f"api not ready:\n{self.log()}"
+                await asyncio.sleep(0.05)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest_asyncio.fixture
+async def service(database_url, tmp_path) -> AsyncIterator[tuple[ConcurrencyHarness, ApiProcess]]:
+    h = await ConcurrencyHarness(database_url, tmp_path).open()
+    api = ApiProcess(database_url, h.log_dir)
+    ok = False
+    try:
+        await api.wait_ready()
+        for name in ("A", "B"):
+            await h.start_worker(name, concurrency=4)
+        yield h, api
+        ok = True
+    finally:
+        api.stop()
+        await h.close()
+        if not ok:
+            print(h.logs())
+            print("===== api =====\n" + api.log_path.read_text(errors="replace"))
+
+
+async def test_24_clients_signalling_one_execution_at_once_all_get_202_in_order(service):
+    h, api = service
+    eids = [f"cc-signals-{r}" for r in range(ROUNDS)]
+    statuses: Counter = Counter()
+    failures: list[str] = []
+    async with httpx.AsyncClient(base_url=api.base, timeout=30,
+                                 limits=httpx.Limits(max_connections=CLIENTS * 2)) as c:
+        for eid in eids:
+            r = await c.post("/v1/executions", json={"workflowId": "concurrent-signals",
+                                                     "executionId": eid,
+                                                     "params": {"n": CLIENTS}})
+            assert r.status_code == 201, r.text
+        for eid in eids:
+            await h.wait_for(lambda eid=eid: h.has_status(eid, "suspended"), timeout=20,
+                             what=f"{eid} waiting for its first signal")
+
+        async def send(eid: str, i: int) -> None:
+            try:
+                r = await c.post(f"/v1/executions/{eid}/signals/go", json={"eid": eid, "i": i})
+            except httpx.TransportError as exc:  # hung past the client timeout, or dropped
+                statuses[type(exc).__name__] += 1
+                failures.append(f"{eid}#{i}: {exc!r}")
+                return
+            statuses[r.status_code] += 1
+            if r.status_code != 202:
+                failures.append(f"{eid}#{i}: {r.status_code} {r.text[:200]}")
+
+        for eid in eids:
+            await asyncio.gather(*(send(eid, i) for i in range(CLIENTS)))
+
+    print(f"answers: {dict(statuses)}")
+    assert not failures, (dict(statuses), failures[:10])
+    assert statuses == Counter({202: CLIENTS * ROUNDS})
+
+    await h.wait_for(lambda: h.all_terminal(eids), timeout=120, what="every round consumed")
+    during_delivery = while_waiting = 0
+    for eid in eids:
+        rec = await h.record(eid)
+        assert rec["status"] == "completed", rec
+        stored = await h.pool.fetch(
+            "SELECT payload, consumed_step FROM signals WHERE execution_id = $1 "
+            "ORDER BY signal_id", eid)
+        assert len(stored) == CLIENTS
+        assert sorted(s["payload"]["i"] for s in stored) == list(range(CLIENTS))
+        # Consumed in arrival order: the i-th stored signal is the i-th consumed.
+        assert [s["payload"] for s in stored] == rec["outcome"]["result"]
+        assert [s["consumed_step"] for s in stored] == [f"go-{i}" for i in range(CLIENTS)]
+        # Which interleaving each signal met: stored while a delivery held the
+        # execution (between `claimed` and its end) or while it was waiting.
+        held = False
+        for ev in await h.events(eid):
+            if ev["kind"] == "claimed":
+                held = True
+            elif ev["kind"] in ("acknowledged", "released", "lease_expired"):
+                held = False
+            elif ev["kind"] == "signal_received":
+                if held:
+                    during_delivery += 1
+                else:
+                    while_waiting += 1
+    print(f"signals stored during a delivery: {during_delivery}, while waiting: {while_waiting}")
+    assert during_delivery + while_waiting == CLIENTS * ROUNDS
+    assert during_delivery > 0 and while_waiting > 0
