@@ -1,8 +1,9 @@
 """The one error shape: `{"error": {"code": "...", "message": "..."}}`.
 
 Every error a caller can cause has a stable code and a sentence saying what
-to do. A database outage is 503 `DATABASE_UNAVAILABLE` with `Retry-After`;
-nothing a request does produces a 500.
+to do. A database failure (app/dberrors.py: by SQLSTATE class) is 503
+`DATABASE_UNAVAILABLE` with `Retry-After`; nothing a request does produces a
+500.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.json_body import BodyError, error_body
+from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
 
 log = logging.getLogger("fencepost.api")
 
@@ -47,20 +49,14 @@ def not_found(execution_id: str) -> ApiError:
     )
 
 
-# Errors that mean "Postgres cannot be reached or did not answer in time".
-DATABASE_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.QueryCanceledError,
-    asyncpg.AdminShutdownError,
-    asyncpg.TooManyConnectionsError,
-    # The server answers but will not let us in: the database was dropped, or
-    # the role/authentication changed under a running API. Not the caller's fault.
-    asyncpg.InvalidCatalogNameError,
-    asyncpg.InvalidAuthorizationSpecificationError,
+# Which errors mean "the database failed" is decided in one place,
+# app/dberrors.py, by SQLSTATE class (08, 40, 53, 57, 58, 25006, 55P03, ...)
+# and, client side, by exception type. The handlers below are registered for
+# those types and for every asyncpg.PostgresError (an unknown code in an
+# infrastructure class arrives as UnknownPostgresError); any other database
+# error is a bug and stays a 500, logged with its trace.
+DATABASE_ERROR_TYPES: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError, *INFRASTRUCTURE_ERRORS,
 )
 
 _HTTP_CODES = {
@@ -98,11 +94,12 @@ def install_error_handlers(app: FastAPI) -> None:
         code, message = _HTTP_CODES.get(exc.status_code, ("HTTP_ERROR", str(exc.detail)))
         return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
-    for error_type in DATABASE_UNAVAILABLE_ERRORS:
-        app.add_exception_handler(error_type, _database_unavailable)
+    for error_type in DATABASE_ERROR_TYPES:
+        app.add_exception_handler(error_type, _database_error)
 
 
-async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+def database_unavailable(exc: BaseException) -> JSONResponse:
+    """503 DATABASE_UNAVAILABLE with Retry-After, for an infrastructure error."""
     log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
     return error_response(
         503,
@@ -110,3 +107,11 @@ async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         f"the database is unavailable; retry after {RETRY_AFTER_SECONDS} seconds",
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    if not is_infrastructure(exc):
+        # Not the database failing but a statement the code got wrong: re-raised,
+        # the server answers 500 and logs the trace, so the bug stays visible.
+        raise exc
+    return database_unavailable(exc)

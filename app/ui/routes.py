@@ -41,9 +41,10 @@ from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from app.api.auth import ANONYMOUS, Principal
-from app.api.errors import DATABASE_UNAVAILABLE_ERRORS, RETRY_AFTER_SECONDS, ApiError
+from app.api.errors import RETRY_AFTER_SECONDS, ApiError
 from app.api.json_body import BodyError, parse_json, read_body
 from app.blocked import blocked_by
+from app.dberrors import is_infrastructure
 from app.registry import ID_RE
 from app.schema import STATUSES, TERMINAL_STATUSES
 from app.store import InvalidEvent
@@ -166,17 +167,18 @@ class UIRoute(APIRoute):
             except (ApiError, BodyError) as exc:
                 status = exc.http_status if isinstance(exc, ApiError) else exc.status
                 response = _error_page(request, UIError(status, exc.code, exc.message))
-            except DATABASE_UNAVAILABLE_ERRORS as exc:
-                log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
-                response = _error_page(request, UIError(
-                    503, "DATABASE_UNAVAILABLE",
-                    f"the database is unavailable; retry after {RETRY_AFTER_SECONDS} seconds",
-                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)}))
-            except Exception:
-                log.exception("dashboard error on %s %s", request.method, request.url.path)
-                response = _error_page(request, UIError(
-                    500, "INTERNAL_ERROR",
-                    "the dashboard failed to answer; the server log has the details"))
+            except Exception as exc:
+                if not is_infrastructure(exc):  # a bug: a 500 page, logged with its trace
+                    log.exception("dashboard error on %s %s", request.method, request.url.path)
+                    response = _error_page(request, UIError(
+                        500, "INTERNAL_ERROR",
+                        "the dashboard failed to answer; the server log has the details"))
+                else:  # the database failed (app/dberrors.py): 503, try again
+                    log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
+                    response = _error_page(request, UIError(
+                        503, "DATABASE_UNAVAILABLE",
+                        f"the database is unavailable; retry after {RETRY_AFTER_SECONDS} "
+                        "seconds", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}))
             for name, value in SECURITY_HEADERS.items():
                 response.headers.setdefault(name, value)
             response.headers.setdefault("Cache-Control", "no-store")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.api.errors import DATABASE_UNAVAILABLE_ERRORS, RETRY_AFTER_SECONDS, error_response
+from app.api.errors import DATABASE_ERROR_TYPES, RETRY_AFTER_SECONDS, error_response
 from app.api.models import ErrorBody
+from app.dberrors import is_infrastructure
 from app.migrate import head_revision
 
 router = APIRouter(tags=["health"])
@@ -28,7 +30,11 @@ async def readyz(request: Request):
         revision = await request.app.state.store.pool.fetchval(
             "SELECT version_num FROM alembic_version", timeout=2
         )
-    except DATABASE_UNAVAILABLE_ERRORS:
+    except asyncpg.UndefinedTableError:
+        revision = None  # never migrated: SCHEMA_OUT_OF_DATE below
+    except DATABASE_ERROR_TYPES as exc:
+        if not is_infrastructure(exc):
+            raise
         return error_response(
             503, "DATABASE_UNAVAILABLE", "the database does not answer; retry shortly",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
