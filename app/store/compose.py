@@ -11,7 +11,6 @@ from typing import Any, Literal
 import asyncpg
 
 from app.store.types import (
-    _TERMINAL_SQL,
     INTERRUPT_SQL,
     NOTIFY_CHANNEL,
     InvalidEvent,
@@ -34,10 +33,6 @@ WAKE_PARENTS = """
           AND p.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
         RETURNING p.execution_id
     )"""
-
-
-class _Withdrawn(Exception):
-    """Internal: roll back a child insert whose parent is being cancelled."""
 
 
 class TransactionFailed(Exception):
@@ -162,29 +157,67 @@ class ComposeStatements:
         child_id: str,
         timeout_seconds: float | None = None,
     ) -> tuple[ChildAnswer, dict]:
-        """Admit the child under `child_id`, linked to the parent's step: the
-        (parent, step) receipt makes a repeat (replay, or a stale holder racing
-        the current one) return the same child and start nothing. An ID taken
-        by an unrelated execution is a conflict. The parent must not have
-        ended (a stale holder of an ended parent starts nothing) nor be being
-        cancelled (a parent being cancelled starts no new child).
+        """Admit the child under `child_id`, linked to the parent's step, in
+        the statement that checks the parent's fence: a stale holder (token no
+        longer current, or the parent no longer running) starts nothing and
+        gets LeaseLost; a parent being cancelled starts no new child.
 
-        Lock order, child row before parent row, is the order in which a
-        child's end locks them (its own row, then WAKE_PARENTS), so the two
-        can never deadlock: the child is inserted first, then the parent is
-        checked under FOR SHARE, and the insert is rolled back if it may not stand.
+        One child per (parent, step key) (unique index ux_executions_parent_step):
+        a repeat of the step (replay, or a concurrent call with another child
+        ID) answers "existing" with the ID of the child that step started. An
+        ID taken by an unrelated execution, or retired by retention, is a
+        conflict (status "retired" for the latter).
+
+        Locks: the parent row FOR SHARE, then the child insert. A child that
+        already exists is seen in the statement's snapshot and not inserted
+        again, so the insert never waits on a child row that is ending (and
+        whose end waits for the parent row); it can only wait for a
+        concurrent, uncommitted insert of the same step, which holds no lock
+        this statement needs.
         """
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                inserted = await conn.fetchval(
-                    """
-                    INSERT INTO executions
-                        (execution_id, workflow_id, params, context, status, due_at,
-                         deadline, parent_execution_id, parent_step_key)
-                    VALUES ($3, $4, coalesce($5, 'null'::jsonb), '{}'::jsonb, 'admitted', now(),
-                            now() + make_interval(secs => $6::float8), $1, $2)
-                    ON CONFLICT (execution_id) DO NOTHING
-                    RETURNING true
+        for _ in range(3):
+            try:
+                row = await self.pool.fetchrow(
+                    f"""
+                    WITH parent AS (
+                        -- The fence: same predicate as every fenced write.
+                        SELECT execution_id, cancel_requested_at IS NOT NULL AS cancelling
+                        FROM executions
+                        WHERE execution_id = $1 AND token = $7 AND status = 'running'
+                        FOR SHARE
+                    ), ins AS (
+                        INSERT INTO executions
+                            (execution_id, workflow_id, params, context, status, due_at,
+                             deadline, parent_execution_id, parent_step_key)
+                        SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted',
+                               now(), now() + make_interval(secs => $6::float8), $1, $2
+                        FROM parent
+                        WHERE NOT parent.cancelling
+                          -- Seen already (a repeat): nothing to insert, nothing to wait for.
+                          AND NOT EXISTS (SELECT 1 FROM executions
+                                          WHERE execution_id = $3
+                                             OR (parent_execution_id = $1
+                                                 AND parent_step_key = $2))
+                          -- IDs are never reused.
+                          AND NOT EXISTS (SELECT 1 FROM retired_executions
+                                          WHERE execution_id = $3)
+                        -- Either unique key: a concurrent start of this step or ID.
+                        ON CONFLICT DO NOTHING
+                        RETURNING execution_id
+                    ), ev AS (
+                        INSERT INTO execution_events (execution_id, kind, detail)
+                        SELECT $3, 'admitted',
+                               jsonb_build_object('workflowId', $4::text,
+                                                  'parentExecutionId', $1::text)
+                        FROM ins
+                        UNION ALL
+                        SELECT $1, 'child_started',
+                               jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
+                        FROM ins
+                    )
+                    SELECT (SELECT count(*) FROM parent) AS fenced,
+                           (SELECT cancelling FROM parent) AS cancelling,
+                           (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM ins) AS started
                     """,
                     lease.execution_id,
                     step_key,
@@ -192,58 +225,47 @@ class ComposeStatements:
                     workflow_id,
                     params,
                     timeout_seconds,
+                    lease.token,
                 )
-                parent = await conn.fetchrow(
-                    f"""
-                    SELECT cancel_requested_at IS NOT NULL AS cancelling FROM executions
-                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
-                    FOR SHARE
-                    """,
-                    lease.execution_id,
-                )
-                if parent is None:
-                    raise LeaseLost(lease.execution_id, lease.token)  # rolls the insert back
-                if parent["cancelling"]:
-                    raise _Withdrawn()  # rolls the insert back
-                if inserted:
-                    await conn.execute(
-                        f"""
-                        WITH ev AS (
-                            INSERT INTO execution_events (execution_id, kind, detail) VALUES
-                                ($3, 'admitted',
-                                 jsonb_build_object('workflowId', $4::text,
-                                                    'parentExecutionId', $1::text)),
-                                ($1, 'child_started',
-                                 jsonb_build_object('stepKey', $2::text,
-                                                    'childExecutionId', $3::text))
-                        )
-                        SELECT pg_notify('{NOTIFY_CHANNEL}', '')
-                        """,
-                        lease.execution_id,
-                        step_key,
-                        child_id,
-                        workflow_id,
-                    )
-                    return "started", {"executionId": child_id}
-                existing = await conn.fetchrow(
-                    "SELECT status, workflow_id, parent_execution_id, parent_step_key "
-                    "FROM executions WHERE execution_id = $1",
-                    child_id,
-                )
-        except _Withdrawn:
-            return "parent_cancelling", {"executionId": child_id}
-        except (ValueError, TypeError, asyncpg.DataError) as exc:
-            raise InvalidEvent(f"child params: {exc}") from exc
-        if existing is None:  # deleted in between (retention): try again
-            return await self.start_child(lease, step_key, workflow_id=workflow_id,
-                                          params=params, child_id=child_id,
-                                          timeout_seconds=timeout_seconds)
-        if (existing["parent_execution_id"], existing["parent_step_key"]) == (
-            lease.execution_id, step_key
-        ):
-            return "existing", {"executionId": child_id}
-        return "conflict", {"executionId": child_id, "status": existing["status"],
-                            "workflowId": existing["workflow_id"]}
+            except (ValueError, TypeError, asyncpg.DataError) as exc:
+                raise InvalidEvent(f"child params: {exc}") from exc
+            if not row["fenced"]:
+                raise LeaseLost(lease.execution_id, lease.token)
+            if row["cancelling"]:
+                return "parent_cancelling", {"executionId": child_id}
+            if row["started"]:
+                return "started", {"executionId": child_id}
+            found = await self._child_or_holder(lease.execution_id, step_key, child_id)
+            if found is not None:
+                return found
+            # The row seen in the snapshot was deleted since (retention): again.
+        raise LeaseLost(lease.execution_id, lease.token)
+
+    async def _child_or_holder(self, parent_id: str, step_key: str,
+                               child_id: str) -> tuple[ChildAnswer, dict] | None:
+        """Why start_child inserted nothing: the step's child, else whoever
+        holds (or held: a tombstone) the ID; None when neither exists."""
+        rows = await self.pool.fetch(
+            """
+            SELECT execution_id, status, workflow_id,
+                   (parent_execution_id = $1 AND parent_step_key = $2) IS TRUE AS linked
+            FROM executions
+            WHERE execution_id = $3 OR (parent_execution_id = $1 AND parent_step_key = $2)
+            UNION ALL
+            SELECT execution_id, 'retired', workflow_id, false
+            FROM retired_executions WHERE execution_id = $3
+            """,
+            parent_id,
+            step_key,
+            child_id,
+        )
+        for r in rows:
+            if r["linked"]:
+                return "existing", {"executionId": r["execution_id"]}
+        if rows:
+            return "conflict", {"executionId": child_id, "status": rows[0]["status"],
+                                "workflowId": rows[0]["workflow_id"]}
+        return None
 
     async def child_status(self, child_id: str) -> tuple[str | None, dict | None]:
         """(status, outcome) of a child; (None, None) when it does not exist."""
