@@ -47,57 +47,72 @@ class AdmissionStatements:
         The deadline is `deadline`, else admission time + `timeout_seconds`
         (database clock), else none."""
         execution_id = execution_id or str(uuid.uuid4())
-        try:
-            row = await self.pool.fetchrow(
-                f"""
-                WITH ins AS (
-                    INSERT INTO executions
-                        (execution_id, workflow_id, params, context, status, due_at,
-                         deadline, code_version, admitted_by)
-                    -- Python None is SQL NULL on the wire; as params it means JSON null.
-                    VALUES ($1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
-                            coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8)
-                    ON CONFLICT (execution_id) DO NOTHING
-                    RETURNING execution_id, status
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, detail)
-                    SELECT execution_id, 'admitted', jsonb_build_object('workflowId', $2::text)
-                    FROM ins
+        for _ in range(3):
+            try:
+                row = await self.pool.fetchrow(
+                    f"""
+                    WITH ins AS (
+                        INSERT INTO executions
+                            (execution_id, workflow_id, params, context, status, due_at,
+                             deadline, code_version, admitted_by)
+                        -- Python None is SQL NULL on the wire; as params it means JSON null.
+                        SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
+                               coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8
+                        -- IDs are never reused: not a retired one, and not one whose
+                        -- row this statement sees. (A row being deleted by retention
+                        -- is still seen: the insert must not wait for that delete
+                        -- and then take the ID its tombstone is retiring.)
+                        WHERE NOT EXISTS (SELECT 1 FROM retired_executions
+                                          WHERE execution_id = $1)
+                          AND NOT EXISTS (SELECT 1 FROM executions WHERE execution_id = $1)
+                        ON CONFLICT (execution_id) DO NOTHING
+                        RETURNING execution_id, status
+                    ), ev AS (
+                        INSERT INTO execution_events (execution_id, kind, detail)
+                        SELECT execution_id, 'admitted', jsonb_build_object('workflowId', $2::text)
+                        FROM ins
+                    )
+                    -- NOTIFY is delivered on commit, so idle workers start at once.
+                    SELECT execution_id, status, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins
+                    """,
+                    execution_id,
+                    workflow_id,
+                    params,
+                    context if context is not None else {},
+                    deadline,
+                    code_version,
+                    timeout_seconds,
+                    admitted_by,
                 )
-                -- NOTIFY is delivered on commit, so idle workers start at once.
-                SELECT execution_id, status, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins
-                """,
-                execution_id,
-                workflow_id,
-                params,
-                context if context is not None else {},
-                deadline,
-                code_version,
-                timeout_seconds,
-                admitted_by,
-            )
-        except (ValueError, TypeError, asyncpg.DataError) as exc:
-            # NaN/Infinity (the encoder refuses them), \u0000 and lone
-            # surrogates (jsonb refuses them): nothing was stored.
-            raise InvalidEvent(str(exc)) from exc
-        if row is not None:
-            return Admitted(row["execution_id"], row["status"])
-        existing = await self.pool.fetchrow(
-            "SELECT execution_id, status, workflow_id FROM executions WHERE execution_id = $1",
+            except (ValueError, TypeError, asyncpg.DataError) as exc:
+                # NaN/Infinity (the encoder refuses them), \u0000 and lone
+                # surrogates (jsonb refuses them): nothing was stored.
+                raise InvalidEvent(str(exc)) from exc
+            if row is not None:
+                return Admitted(row["execution_id"], row["status"])
+            holder = await self._id_holder(execution_id)
+            if holder is not None:
+                return holder
+            # Seen, then deleted before this read without a tombstone: again.
+        raise RuntimeError(f"admission of {execution_id!r} found the ID taken and then free, "
+                           "three times")
+
+    async def _id_holder(self, execution_id: str) -> Conflict | None:
+        """Who holds an ID admission refused: the execution, or its tombstone
+        (status 'retired': deleted by retention, never to be reused)."""
+        row = await self.pool.fetchrow(
+            """
+            SELECT execution_id, status, workflow_id FROM executions WHERE execution_id = $1
+            UNION ALL
+            SELECT execution_id, 'retired', workflow_id FROM retired_executions
+            WHERE execution_id = $1
+            LIMIT 1
+            """,
             execution_id,
         )
-        if existing is None:  # deleted between the two statements; try once more
-            return await self.admit(
-                workflow_id=workflow_id,
-                params=params,
-                context=context,
-                execution_id=execution_id,
-                deadline=deadline,
-                timeout_seconds=timeout_seconds,
-                code_version=code_version,
-                admitted_by=admitted_by,
-            )
-        return Conflict(existing["execution_id"], existing["status"], existing["workflow_id"])
+        if row is None:
+            return None
+        return Conflict(row["execution_id"], row["status"], row["workflow_id"])
 
     # ---------------------------------------------------------------------- reads
 

@@ -115,7 +115,10 @@ class PolicyStatements:
     async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:
         """Delete up to `limit` terminal executions last updated more than
         `older_than_seconds` ago, with everything that hangs off them
-        (steps, signals and effects go by ON DELETE CASCADE)."""
+        (steps, signals and effects go by ON DELETE CASCADE), and leave a
+        tombstone (ID, last token, workflow) for each in the same statement:
+        the ID stays taken for good (admission refuses it) and its fencing
+        token never restarts."""
         return await self.pool.fetchval(
             """
             WITH doomed AS (
@@ -135,9 +138,17 @@ class PolicyStatements:
                 DELETE FROM executions
                 WHERE execution_id IN (SELECT execution_id FROM doomed)
                   AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
-                RETURNING execution_id
+                RETURNING execution_id, token, workflow_id
+            ), tomb AS (
+                -- Every deleted row leaves its tombstone, or the delete does not commit.
+                INSERT INTO retired_executions (execution_id, last_token, workflow_id)
+                SELECT execution_id, token, workflow_id FROM d
+                ON CONFLICT (execution_id) DO UPDATE
+                SET last_token = greatest(retired_executions.last_token, EXCLUDED.last_token),
+                    workflow_id = EXCLUDED.workflow_id, retired_at = now()
+                RETURNING 1
             )
-            SELECT count(*) FROM d
+            SELECT count(*) FROM tomb
             """,
             float(older_than_seconds),
             limit,

@@ -94,6 +94,13 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             f"params or context cannot be stored exactly ({exc}); send plain JSON values",
         ) from None
     if isinstance(result, Conflict):
+        if result.status == "retired":
+            raise ApiError(
+                409, "EXECUTION_ID_CONFLICT",
+                f"execution ID {result.execution_id!r} was retired: its execution ended and was "
+                "deleted by retention, and an ID is never reused; admit under a new ID",
+                executionId=result.execution_id, status="retired",
+            )
         if principal.owns_only():
             _, owner = await store.admitted_by(result.execution_id)
             if owner != principal.token_id:
