@@ -10,6 +10,7 @@ replay returns the recorded result without running `fn`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections import Counter
 
@@ -28,6 +29,7 @@ from tests.compose.helpers import (
     wait_status,
     wait_until,
 )
+from tests.support.races import Outcomes, StatementGate, until_waiting
 
 RACE_ROUNDS = 150
 
@@ -195,17 +197,95 @@ async def test_a_stale_holder_is_rolled_back_before_fn_runs(store: ExecutionStor
     assert await orders(pool, eid) == [] and await step_rows(pool, eid) == {}
 
 
+async def insert_order(conn, execution_id, holder, ran: Counter, hold: float = 0.0,
+                       barrier: asyncio.Event | None = None):
+    ran[holder] += 1
+    await conn.execute(
+        "INSERT INTO shop.orders (order_id, execution_id, holder, amount_cents) "
+        "VALUES ('o', $1, $2, 1)", execution_id, holder)
+    if hold:
+        await asyncio.sleep(hold)
+    if barrier is not None:
+        await barrier.wait()
+    return {"holder": holder}
+
+
+async def stale_txn(store: ExecutionStore, a, eid: str, ran: Counter, **kw):
+    try:
+        return await store.transaction_step(
+            a, "create-order", functools.partial(insert_order, ran=ran, **kw), (eid, "A"),
+            function_name="insert_row", attempts=1, check_value=json_problem)
+    except LeaseLost as exc:
+        return exc
+
+
+async def check_txn_race(store: ExecutionStore, pool, where: str, wf: str, eid: str, a,
+                         answer, claimed: list, ran: Counter) -> str:
+    """What the stale transaction and the claim left, whichever order they
+    ran in; returns the interleaving that happened."""
+    rows = await orders(pool, eid)
+    steps = await step_rows(pool, eid)
+    where = f"{where}: answer {answer!r}, claimed {claimed!r}, rows {rows}, steps {steps}"
+    assert len(rows) <= 1, where
+    assert bool(rows) == bool(steps), where  # never a row without a receipt (or v.v.)
+    if isinstance(answer, LeaseLost):
+        # The claim committed first: the stale transaction saw a newer token.
+        outcome = "stale lost"
+        assert len(claimed) == 1 and claimed[0].lease.token == a.token + 1, where
+        assert rows == [] and steps == {}, where
+        assert ran["A"] == 0, where  # rolled back before fn ran
+        b = claimed[0].lease
+    else:
+        assert isinstance(answer, StepRecord), where
+        assert (answer.token, answer.value) == (a.token, {"holder": "A"}), where
+        assert [r["holder"] for r in rows] == ["A"], where
+        assert (steps["create-order"]["token"], steps["create-order"]["value"]) == (
+            a.token, {"holder": "A"}), where
+        if claimed:
+            outcome = "stale committed, then claimed"
+        else:
+            # The claim found the row locked by the stale transaction and
+            # skipped it; it is claimable once that has committed.
+            outcome = "stale committed, claim skipped"
+            claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+            assert len(claimed) == 1, where
+        b = claimed[0].lease
+        assert b.token == a.token + 1, where
+        recorded_at = [e["event_id"] for e in await events_of(store, eid, "step_recorded")]
+        claim_at = [e["event_id"] for e in await events_of(store, eid, "claimed")
+                    if e["token"] == b.token]
+        assert len(recorded_at) == 1 and recorded_at[0] < claim_at[0], where
+    # The stale holder gets nothing more in.
+    assert isinstance(await stale_txn(store, a, eid, ran), LeaseLost), where
+    # The new holder: replays the receipt, or (the stale one lost) runs fn once.
+    mine = await store.transaction_step(
+        b, "create-order", functools.partial(insert_order, ran=ran), (eid, "B"),
+        function_name="insert_row", attempts=1, check_value=json_problem)
+    winner = "B" if isinstance(answer, LeaseLost) else "A"
+    assert mine.value == {"holder": winner}, where
+    assert ran == Counter({winner: 1}), where
+    assert [r["holder"] for r in await orders(pool, eid)] == [winner], where
+    assert len(await step_rows(pool, eid)) == 1, where
+    return outcome
+
+
+TXN_OUTCOMES = ("stale lost", "stale committed, then claimed", "stale committed, claim skipped")
+
+
 async def test_a_stale_holder_racing_a_new_claim_never_leaves_its_row_behind(
         store: ExecutionStore, pool):
     """Real concurrent connections: the stale holder's transaction_step and a
     new claim_due run at once (asyncio.gather, separate pool connections),
-    RACE_ROUNDS times with jitter on both sides. Either the stale transaction
-    committed strictly before the claim (row AND receipt, and the new holder
-    replays the receipt without running fn), or it got LeaseLost and neither
-    its row nor its receipt exists. Never a row without a receipt, never two."""
+    RACE_ROUNDS times (more while an interleaving is missing) with jitter on
+    both sides. Either the stale transaction committed strictly before the
+    claim (row AND receipt, and the new holder replays the receipt without
+    running fn), or it got LeaseLost and neither its row nor its receipt
+    exists. Never a row without a receipt, never two. Each interleaving must
+    occur: the claim first, the transaction first, the claim while the
+    transaction held the row (skipped)."""
     rng = random.Random(20240607)
-    outcomes: Counter = Counter()
-    for i in range(RACE_ROUNDS):
+    outcomes = Outcomes(*TXN_OUTCOMES)
+    for i in outcomes.rounds(RACE_ROUNDS):
         wf = f"cmp-race-txn-{i}"  # claims below take this round's execution only
         eid = await admit(store, wf, f"race-txn-{i}")
         a = (await claim_one(store, wf, "holder-A")).lease
@@ -216,82 +296,58 @@ async def test_a_stale_holder_racing_a_new_claim_never_leaves_its_row_behind(
         delay_claim = rng.uniform(0, 0.004) if mode == 1 else 0.0
         hold = rng.choice([0.0, 0.0, 0.001, 0.003])
 
-        async def insert_row(conn, execution_id, holder, hold=hold, ran=ran):
-            ran[holder] += 1
-            await conn.execute(
-                "INSERT INTO shop.orders (order_id, execution_id, holder, amount_cents) "
-                "VALUES ('o', $1, $2, 1)", execution_id, holder)
-            if hold:
-                await asyncio.sleep(hold)
-            return {"holder": holder}
-
-        async def stale(a=a, eid=eid, delay=delay_txn, fn=insert_row):
+        async def stale(a=a, eid=eid, delay=delay_txn, ran=ran, hold=hold):
             await asyncio.sleep(delay)
-            try:
-                return await store.transaction_step(a, "create-order", fn, (eid, "A"),
-                                                    function_name="insert_row", attempts=1,
-                                                    check_value=json_problem)
-            except LeaseLost as exc:
-                return exc
+            return await stale_txn(store, a, eid, ran, hold=hold)
 
         async def new_claim(wf=wf, delay=delay_claim):
             await asyncio.sleep(delay)
             return await store.claim_due(1, 30.0, "holder-B", [wf])
 
         answer, claimed = await asyncio.gather(stale(), new_claim())
+        outcomes.add(await check_txn_race(store, pool, f"round {i}", wf, eid, a, answer,
+                                          claimed, ran))
 
-        rows = await orders(pool, eid)
-        steps = await step_rows(pool, eid)
-        where = f"round {i}: answer {answer!r}, claimed {claimed!r}, rows {rows}, steps {steps}"
-        assert len(rows) <= 1, where
-        assert bool(rows) == bool(steps), where  # never a row without a receipt (or v.v.)
-        if isinstance(answer, LeaseLost):
-            # The claim committed first: the stale transaction saw a newer token.
-            outcomes["stale lost"] += 1
-            assert len(claimed) == 1 and claimed[0].lease.token == a.token + 1, where
-            assert rows == [] and steps == {}, where
-            assert ran["A"] == 0, where  # rolled back before fn ran
-            b = claimed[0].lease
-        else:
-            assert isinstance(answer, StepRecord), where
-            assert (answer.token, answer.value) == (a.token, {"holder": "A"}), where
-            assert [r["holder"] for r in rows] == ["A"], where
-            assert (steps["create-order"]["token"], steps["create-order"]["value"]) == (
-                a.token, {"holder": "A"}), where
-            if claimed:
-                outcomes["stale committed, then claimed"] += 1
-            else:
-                # The claim found the row locked by the stale transaction and
-                # skipped it; it is claimable once that has committed.
-                outcomes["stale committed, claim skipped"] += 1
-                claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
-                assert len(claimed) == 1, where
-            b = claimed[0].lease
-            assert b.token == a.token + 1, where
-            recorded_at = [e["event_id"] for e in await events_of(store, eid, "step_recorded")]
-            claim_at = [e["event_id"] for e in await events_of(store, eid, "claimed")
-                        if e["token"] == b.token]
-            assert len(recorded_at) == 1 and recorded_at[0] < claim_at[0], where
-        # The stale holder gets nothing more in.
-        with pytest.raises(LeaseLost):
-            await store.transaction_step(a, "create-order", insert_row, (eid, "A"),
-                                         function_name="insert_row", attempts=1,
-                                         check_value=json_problem)
-        # The new holder: replays the receipt, or (the stale one lost) runs fn once.
-        mine = await store.transaction_step(b, "create-order", insert_row, (eid, "B"),
-                                            function_name="insert_row", attempts=1,
-                                            check_value=json_problem)
-        winner = "B" if isinstance(answer, LeaseLost) else "A"
-        assert mine.value == {"holder": winner}, where
-        assert ran == Counter({winner: 1}), where
-        assert [r["holder"] for r in await orders(pool, eid)] == [winner], where
-        assert len(await step_rows(pool, eid)) == 1, where
+    # The race really went every way.
+    outcomes.assert_each("stale transaction vs claim")
 
-    # The race really went both ways.
-    print(f"stale transaction vs claim over {RACE_ROUNDS} rounds: {dict(outcomes)}")
-    assert outcomes["stale lost"] >= 1, outcomes
-    assert outcomes["stale committed, then claimed"] + outcomes[
-        "stale committed, claim skipped"] >= 1, outcomes
+
+@pytest.mark.parametrize("order", TXN_OUTCOMES)
+async def test_a_stale_transaction_and_a_new_claim_in_each_order(store: ExecutionStore, pool,
+                                                                 order):
+    """Each interleaving of the race above, forced. The claim first: a
+    StatementGate holds the claim with the row locked while the transaction
+    starts (its FOR SHARE waits, then fails the token check). The claim
+    while the transaction holds the row: fn waits on an event while the
+    claim runs (and skips the row)."""
+    wf = "cmp-race-txn-forced"
+    eid = await admit(store, wf, "forced-txn")
+    a = (await claim_one(store, wf, "holder-A")).lease
+    await expire_lease(pool, eid)
+    ran: Counter = Counter()
+    if order == "stale lost":
+        async with StatementGate(pool, "execution_events",
+                                 f"NEW.kind = 'claimed' AND NEW.token = {a.token + 1}") as gate:
+            claim = asyncio.create_task(store.claim_due(1, 30.0, "holder-B", [wf]))
+            await gate.until_held(also=claim.done)
+            txn = asyncio.create_task(stale_txn(store, a, eid, ran))
+            await until_waiting(pool, 1, "row", what="the transaction behind the claim",
+                                also=txn.done)
+            assert not txn.done()
+            await gate.open()
+            claimed, answer = await claim, await txn
+    elif order == "stale committed, claim skipped":
+        inside = asyncio.Event()
+        txn = asyncio.create_task(stale_txn(store, a, eid, ran, barrier=inside))
+        await wait_until(lambda: ran["A"], what="fn running", interval=0.005)
+        claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+        assert claimed == [] and not txn.done()  # skipped while the transaction holds the row
+        inside.set()
+        answer = await txn
+    else:
+        answer = await stale_txn(store, a, eid, ran)
+        claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+    assert await check_txn_race(store, pool, order, wf, eid, a, answer, claimed, ran) == order
 
 
 # ------------------------------------------------------- a long transaction's lock
