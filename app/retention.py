@@ -1,7 +1,9 @@
 """Retention: a maintenance service that deletes terminal executions older
 than FENCEPOST_RETENTION, in batches, with their steps, events, signals,
-effects and late observations. Nothing that is not terminal is ever deleted;
-an execution ID stays reserved for as long as its record exists."""
+effects and late observations. Nothing that is not terminal is ever deleted.
+Each deleted execution leaves a tombstone in `retired_executions` (ID, last
+fencing token, workflow), written by the deleting statement: an execution ID
+is never reused, however long ago its record was pruned."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class AdmissionStatements:
     async def late_observations(self, execution_id: str) -> list[dict]:
         rows = await self.pool.fetch(
             """
-            SELECT observation_id, step_key, token, owner, value, error, observed_at
+            SELECT observation_id, step_key, token, owner, value, error, observed_at, conflict
             FROM late_observations WHERE execution_id = $1 ORDER BY observation_id
             """,
             execution_id,

@@ -16,6 +16,55 @@ from app.store.types import (
     _step,
 )
 
+# The observation, its comparison with the record, and (on a difference) the
+# counter and the event, in one statement: the flag can never disagree with
+# the counter or the history. Nothing here writes a step or an outcome.
+# $1 execution, $2 step key (NULL: an acknowledgement), $3 token, $4 owner,
+# $5 value, $6 error, $7 whether a result was observed at all.
+_LATE_OBSERVATION = """
+WITH cmp AS (
+    SELECT CASE
+        WHEN NOT $7::boolean THEN NULL
+        WHEN $2::text IS NOT NULL THEN (
+            SELECT CASE WHEN s.status = 'completed'
+                        THEN $6::jsonb IS NOT NULL
+                             OR coalesce(s.value, 'null'::jsonb)
+                                IS DISTINCT FROM coalesce($5::jsonb, 'null'::jsonb)
+                        ELSE $6::jsonb IS NULL
+                             OR (s.error ->> 'name') IS DISTINCT FROM ($6::jsonb ->> 'name')
+                   END
+            FROM execution_steps s WHERE s.execution_id = $1 AND s.step_key = $2)
+        WHEN jsonb_typeof($5::jsonb) = 'object'
+             AND $5::jsonb ->> 'acknowledge' IN ('completed', 'failed') THEN (
+            SELECT CASE WHEN e.status = 'completed'
+                        THEN $5::jsonb ->> 'acknowledge' <> 'completed'
+                             OR coalesce(e.outcome -> 'result', 'null'::jsonb)
+                                IS DISTINCT FROM coalesce($5::jsonb -> 'result', 'null'::jsonb)
+                        ELSE $5::jsonb ->> 'acknowledge' <> 'failed'
+                             OR (e.outcome -> 'error' ->> 'name')
+                                IS DISTINCT FROM ($6::jsonb ->> 'name')
+                   END
+            FROM executions e
+            WHERE e.execution_id = $1 AND e.status IN ('completed', 'failed'))
+    END AS conflict
+), obs AS (
+    INSERT INTO late_observations
+        (execution_id, step_key, token, owner, value, error, conflict)
+    SELECT $1, $2, $3, $4, $5, $6, conflict FROM cmp
+    RETURNING observation_id, conflict
+), counted AS (
+    UPDATE executions SET integrity_conflicts = integrity_conflicts + 1
+    WHERE execution_id = $1 AND (SELECT conflict FROM obs)
+    RETURNING 1
+), ev AS (
+    INSERT INTO execution_events (execution_id, kind, token, detail)
+    SELECT $1, 'integrity_conflict', $3,
+           jsonb_build_object('stepKey', $2::text, 'observationId', observation_id)
+    FROM obs WHERE conflict
+)
+SELECT conflict FROM obs
+"""
+
 
 class StepStatements:
     pool: asyncpg.Pool
@@ -103,33 +152,44 @@ class StepStatements:
         *,
         value: Any = None,
         error: dict | None = None,
-    ) -> None:
-        """Evidence from a stale holder: appended, never applied to state."""
+        observed: bool | None = None,
+    ) -> bool | None:
+        """Evidence from a stale holder: appended, never applied to state, and
+        compared in the same statement with what was recorded. Returns the
+        `conflict` flag: None nothing to compare with, False the same, True
+        different (an integrity conflict: the execution's integrity_conflicts
+        counter moves and an 'integrity_conflict' event is appended, also in
+        the same statement).
+
+        A step observation (`step_key` given) is compared with the recorded
+        step of that key: a recorded value with an observed value (JSON
+        equality), a recorded failure with an observed error (by error name:
+        messages carry times and hosts). An acknowledgement observation
+        (`step_key` None, value {"acknowledge": kind, "result": ...}) of kind
+        completed/failed is compared the same way with the execution's outcome
+        once it is completed/failed; suspensions and policy ends (cancelled,
+        timed_out) are not compared.
+
+        `observed`: whether a result was observed at all. None (default): only
+        when `value` or `error` is given, so a rejected write that carried no
+        result (a start_child, a timer) is not mistaken for a step returning
+        None; pass True when None itself was the result.
+        """
+        if observed is None:
+            observed = value is not None or error is not None
         try:
-            await self.pool.execute(
-                """
-                INSERT INTO late_observations (execution_id, step_key, token, owner, value, error)
-                VALUES ($1, $2, $3, $4, $5, $6)
-                """,
-                lease.execution_id,
-                step_key,
-                lease.token,
-                lease.owner,
-                value,
-                error,
+            return await self.pool.fetchval(
+                _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
+                value, error, observed,
             )
         except (ValueError, TypeError, asyncpg.DataError):
+            # Not storable, so not comparable either: kept as evidence of that.
             await self.pool.execute(
-                """
-                INSERT INTO late_observations (execution_id, step_key, token, owner, value, error)
-                VALUES ($1, $2, $3, $4, NULL, $5)
-                """,
-                lease.execution_id,
-                step_key,
-                lease.token,
-                lease.owner,
-                {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
+                _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
+                None, {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
+                False,
             )
+            return None
 
     async def record_timer(
         self,
