@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from app.blocked import blocked_by
+from app.blocked import REASONS, blocked_by
 from app.schema import STATUSES
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
@@ -97,8 +97,11 @@ class ExecutionSummary(Camel):
     parent_execution_id: str | None = None
     parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
     blocked_by: dict[str, Any] | None = Field(
-        None, description="Why it is not moving: reason (due, leased, lease-expired, "
-        "redelivery-delay, sleeping, waiting-for-signal, parked, no-worker) and what it waits on.",
+        None, description="Why it is not moving: reason ("
+        + ", ".join(r for r in REASONS if r != "none")
+        + ") and what it waits on; null when terminal. Computed from the record as the "
+        "reaper will leave it (an expired lease, a cancel request, a passed deadline, "
+        "the poison threshold).",
     )
 
 

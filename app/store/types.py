@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -11,6 +13,9 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES
+
+# Settings.max_unacknowledged_deliveries' default.
+DEFAULT_MAX_UNACKNOWLEDGED = 25
 
 NOTIFY_CHANNEL = "fencepost_due"
 
@@ -100,34 +105,114 @@ WakeAnswer = Literal["requested", "ignored", "not_found"]
 
 _TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
 
-# Reads heal lazily: a running record whose lease has expired is reported as
-# the reaper will leave it (status back, counter +1, pending wakes merged,
-# redelivery delay from the expiry) before the reaper has written it.
-# $1 = redelivery base seconds, $2 = cap seconds.
-_RECORD_COLUMNS = """
-    execution_id, workflow_id, params, context, code_version, outcome,
+# ------------------------------------------------------------ the healed view
+#
+# Reads heal lazily: a record is reported as the reaper (app/reaper.py) will
+# leave it, before the reaper has written it. The reaper does two things, and
+# these expressions predict both with the statements' own rules:
+#
+# * an expired lease is ended (status back to suspended/admitted, counter +1,
+#   covered wakes pending again, redelivery delay from the expiry), then
+#   settled in the same transaction by app/store/policy.py's _SETTLE: a cancel
+#   request ends it `cancelled`; a deadline at or before the later of now and
+#   the redelivery time ends it `timed_out`; reaching the poison threshold
+#   parks it (`poison`);
+# * an unheld record (admitted, suspended, parked) past its deadline is timed
+#   out (policy.py's _SWEEP_DEADLINES).
+#
+# The outcomes are policy.py's own SQL. Each column below is one expression
+# over the raw row (a select list cannot name its own results), generated
+# from the few predicates here. `record_columns(threshold)` takes the poison
+# threshold (the store's max_unacknowledged); $1 = redelivery base seconds,
+# $2 = cap seconds, as before.
+
+# The lease ran out and nobody has ended it yet.
+_EXPIRED = "(status = 'running' AND lease_expires_at <= now())"
+# When the next delivery may start once the reaper has ended the lease.
+_HEALED_REDELIVER = (
+    f"CASE WHEN {_EXPIRED} THEN lease_expires_at"
+    " + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $1, $2)"
+    " ELSE redeliver_after END"
+)
+_CANCEL = "cancel_requested_at IS NOT NULL"
+# policy._PAST_DEADLINE over the reaped row.
+_PAST_DEADLINE = f"coalesce(deadline <= greatest(now(), coalesce({_HEALED_REDELIVER}, now())), false)"
+# The sweep's rule: unheld and past the deadline.
+_SWEPT = "(status IN ('admitted', 'suspended', 'parked') AND coalesce(deadline <= now(), false))"
+
+
+def _outcome_sql(fragment: str) -> str:
+    """policy.py's outcome SQL names the row `e`; the healed columns read an
+    unaliased `executions` row."""
+    return re.sub(r"\be\.", "", fragment)
+
+
+def _settled(threshold: int) -> str:
+    """What the reaper writes: 'cancelled' | 'timed_out' | 'parked' (poison),
+    'requeued' (lease ended, no rule applies), or NULL (nothing to do)."""
+    return f"""(CASE WHEN {_EXPIRED} THEN
+            CASE WHEN {_CANCEL} THEN 'cancelled'
+                 WHEN {_PAST_DEADLINE} THEN 'timed_out'
+                 WHEN unacknowledged_deliveries + 1 >= {int(threshold)} THEN 'parked'
+                 ELSE 'requeued' END
+         WHEN {_SWEPT} THEN 'timed_out' END)"""
+
+
+def healed_status_sql(threshold: int) -> str:
+    """The status a read reports (see above), over an unaliased `executions` row."""
+    settled = _settled(threshold)
+    return f"""CASE {settled}
+         WHEN 'requeued' THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END
+         WHEN 'cancelled' THEN 'cancelled' WHEN 'timed_out' THEN 'timed_out'
+         WHEN 'parked' THEN 'parked'
+         ELSE status END"""
+
+
+@functools.cache
+def record_columns(threshold: int) -> str:
+    """The healed record's select list, for `SELECT ... FROM executions`."""
+    # policy.py imports this module (through compose.py): import it late.
+    from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
+
+    settled = _settled(threshold)
+    cancelled = _outcome_sql(CANCELLED_OUTCOME)
+    timed_out = _outcome_sql(TIMED_OUT_OUTCOME)
+    return f"""
+    execution_id, workflow_id, params, context, code_version,
     admitted_at, updated_at, token, deadline, cancel_requested_at,
-    parked_reason, parked_step, ever_suspended, waiting_on, cancel_requested_by, admitted_by,
+    ever_suspended, waiting_on, cancel_requested_by, admitted_by,
     parent_execution_id,
-    (status = 'running' AND lease_expires_at <= now()) AS lease_expired,
-    CASE WHEN status = 'running' AND lease_expires_at <= now()
-         THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END
-         ELSE status END AS status,
-    unacknowledged_deliveries
-        + (status = 'running' AND lease_expires_at <= now())::int AS unacknowledged_deliveries,
-    CASE WHEN status = 'running' AND lease_expires_at <= now()
-         THEN least(due_at, covered_due_at) ELSE due_at END AS due_at,
-    CASE WHEN status = 'running' AND lease_expires_at <= now()
-         THEN lease_expires_at ELSE last_unacknowledged_at END AS last_unacknowledged_at,
-    CASE WHEN status = 'running' AND lease_expires_at <= now()
-         THEN lease_expires_at
-              + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $1, $2)
-         ELSE redeliver_after END AS redeliver_after,
+    {_EXPIRED} AS lease_expired,
+    {healed_status_sql(threshold)} AS status,
+    CASE {settled} WHEN 'cancelled' THEN {cancelled} WHEN 'timed_out' THEN {timed_out}
+         ELSE outcome END AS outcome,
+    CASE {settled} WHEN 'parked' THEN 'poison' WHEN 'cancelled' THEN NULL
+         WHEN 'timed_out' THEN NULL ELSE parked_reason END AS parked_reason,
+    CASE {settled} WHEN 'parked' THEN NULL WHEN 'cancelled' THEN NULL
+         WHEN 'timed_out' THEN NULL ELSE parked_step END AS parked_step,
+    unacknowledged_deliveries + {_EXPIRED}::int AS unacknowledged_deliveries,
+    CASE {settled} WHEN 'cancelled' THEN NULL WHEN 'timed_out' THEN NULL
+         ELSE CASE WHEN {_EXPIRED} THEN least(due_at, covered_due_at) ELSE due_at END
+         END AS due_at,
+    CASE WHEN {_EXPIRED} THEN lease_expires_at ELSE last_unacknowledged_at END
+        AS last_unacknowledged_at,
+    CASE coalesce({settled}, 'requeued') WHEN 'requeued' THEN {_HEALED_REDELIVER} END
+        AS redeliver_after,
     CASE WHEN status = 'running' AND lease_expires_at > now() THEN lease_owner END AS lease_owner,
     CASE WHEN status = 'running' AND lease_expires_at > now() THEN lease_expires_at END
         AS lease_expires_at,
     now() AS read_at
 """
+
+
+def __getattr__(name: str) -> str:
+    # `_RECORD_COLUMNS`: the healed record under the default poison threshold,
+    # built on first use (see record_columns). Prefer
+    # record_columns(store.max_unacknowledged): this one predicts poison
+    # parking for the default setting only.
+    if name == "_RECORD_COLUMNS":
+        return record_columns(DEFAULT_MAX_UNACKNOWLEDGED)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _encode_cursor(admitted_at: datetime, execution_id: str) -> str:

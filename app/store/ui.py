@@ -1,5 +1,5 @@
 """Reads for the operator's dashboard (app/ui): a filtered, sorted listing
-with `blockedBy` computed in SQL, counts per status, per-minute activity over
+with `blockedBy` computed in SQL from app/blocked.py's rules, counts per status, per-minute activity over
 the last hour, and the leases each worker holds. Read-only statements."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from datetime import datetime
 
 import asyncpg
 
-from app.store.types import _RECORD_COLUMNS, _TERMINAL_SQL
+from app.blocked import reason_sql
+from app.store.types import healed_status_sql, record_columns
 
 # How the listing may be ordered: a fixed set, never built from input.
 UI_SORTS: dict[str, str] = {
@@ -19,33 +20,17 @@ UI_SORTS: dict[str, str] = {
     "deadline-asc": "deadline ASC NULLS LAST, admitted_at DESC, execution_id DESC",
 }
 
-# app/blocked.py's answer, in the same order, over the healed record `r`;
-# 'none' for terminal records. $live: workflows some live worker runs.
-_BLOCKED_REASON_SQL = f"""
-    CASE WHEN r.status IN {_TERMINAL_SQL} THEN 'none'
-         WHEN r.status = 'parked' THEN 'parked'
-         WHEN r.status = 'running' THEN 'leased'
-         WHEN r.lease_expired THEN 'lease-expired'
-         WHEN r.redeliver_after IS NOT NULL AND r.redeliver_after > r.read_at
-              THEN 'redelivery-delay'
-         WHEN r.due_at IS NULL OR r.due_at > r.read_at
-              THEN CASE WHEN r.waiting_on ? 'signal' THEN 'waiting-for-signal'
-                        ELSE 'sleeping' END
-         WHEN NOT (r.workflow_id = ANY($4::text[])) THEN 'no-worker'
-         ELSE 'due' END
-"""
-
-_HEALED_STATUS_SQL = """
-    CASE WHEN status = 'running' AND lease_expires_at <= now()
-         THEN CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END
-         ELSE status END
-"""
+# app/blocked.py's RULES over the healed record `r` ('none' when terminal):
+# the same table the API's blockedBy is read from. $4: workflows some live
+# worker runs.
+_BLOCKED_REASON_SQL = reason_sql("r", "$4::text[]")
 
 
 class UiStatements:
     pool: asyncpg.Pool
     redelivery_base: float
     redelivery_cap: float
+    max_unacknowledged: int
 
     async def ui_list(
         self,
@@ -66,7 +51,7 @@ class UiStatements:
         and how many match in all. `admitted_to` is exclusive."""
         order = UI_SORTS[sort]
         where = f"""
-            FROM (SELECT {_RECORD_COLUMNS} FROM executions
+            FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
                   WHERE ($5::text IS NULL OR workflow_id = $5)
                     AND ($8::timestamptz IS NULL OR admitted_at >= $8)
                     AND ($9::timestamptz IS NULL OR admitted_at < $9)) r
@@ -99,9 +84,12 @@ class UiStatements:
         return [dict(r) for r in rows], int(total)
 
     async def status_counts(self) -> dict[str, int]:
-        """Executions per (healed) status."""
+        """Executions per status, as reads report it (the healed view)."""
         rows = await self.pool.fetch(
-            f"SELECT {_HEALED_STATUS_SQL} AS status, count(*) AS n FROM executions GROUP BY 1"
+            f"SELECT {healed_status_sql(self.max_unacknowledged)} AS status, count(*) AS n "
+            "FROM executions GROUP BY 1",
+            self.redelivery_base,
+            self.redelivery_cap,
         )
         return {r["status"]: int(r["n"]) for r in rows}
 

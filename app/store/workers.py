@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncpg
 
+from app.store.types import record_columns
+
 
 class WorkerStatements:
     pool: asyncpg.Pool
+    redelivery_base: float
+    redelivery_cap: float
+    max_unacknowledged: int
 
     async def register_worker(
         self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int
@@ -56,34 +61,43 @@ class WorkerStatements:
         return [dict(r) for r in rows]
 
     async def metrics_snapshot(self) -> dict:
-        """Cheap gauges: each query reads an index over unfinished rows only."""
+        """Gauges over unfinished rows, each read as the API reports it (the
+        healed view of app/store/types.py: an expired lease counts as the
+        reaper will leave it)."""
         async with self.pool.acquire() as conn:
-            by_status = await conn.fetch(
-                "SELECT status, count(*) AS n FROM executions "
-                "WHERE status IN ('admitted', 'running', 'suspended', 'parked') GROUP BY status"
+            rows = await conn.fetch(
+                f"""
+                SELECT r.status, r.parked_reason, count(*) AS n,
+                       count(*) FILTER (WHERE r.unacknowledged_deliveries > 0) AS unacked,
+                       coalesce(sum(r.unacknowledged_deliveries), 0) AS unacked_sum,
+                       min(r.due_at) FILTER (WHERE r.status IN ('admitted', 'suspended')
+                                             AND r.due_at <= r.read_at) AS oldest_due,
+                       max(r.read_at) AS read_at
+                FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
+                      WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r
+                WHERE r.status IN ('admitted', 'running', 'suspended', 'parked')
+                GROUP BY r.status, r.parked_reason
+                """,
+                self.redelivery_base,
+                self.redelivery_cap,
             )
-            parked = await conn.fetch(
-                "SELECT parked_reason, count(*) AS n FROM executions "
-                "WHERE status = 'parked' GROUP BY parked_reason"
-            )
-            row = await conn.fetchrow(
-                """
-                SELECT
-                  (SELECT count(*) FROM effects WHERE status = 'outcome_unknown') AS unknown,
-                  (SELECT count(*) FROM executions WHERE unacknowledged_deliveries > 0
-                     AND status IN ('admitted', 'running', 'suspended', 'parked')) AS unacked,
-                  (SELECT coalesce(sum(unacknowledged_deliveries), 0) FROM executions
-                   WHERE unacknowledged_deliveries > 0
-                     AND status IN ('admitted', 'running', 'suspended', 'parked')) AS unacked_sum,
-                  (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0) FROM executions
-                   WHERE status IN ('admitted', 'suspended') AND due_at <= now()) AS oldest
-                """
-            )
+        by_status: dict[str, int] = {}
+        parked: dict[str, int] = {}
+        oldest = 0.0
+        for r in rows:
+            by_status[r["status"]] = by_status.get(r["status"], 0) + r["n"]
+            if r["status"] == "parked":
+                parked[r["parked_reason"]] = parked.get(r["parked_reason"], 0) + r["n"]
+            if r["oldest_due"] is not None:
+                oldest = max(oldest, (r["read_at"] - r["oldest_due"]).total_seconds())
         return {
-            "by_status": {r["status"]: r["n"] for r in by_status},
-            "parked": {r["parked_reason"]: r["n"] for r in parked},
-            "outcome_unknown": row["unknown"],
-            "unacknowledged_executions": row["unacked"],
-            "unacknowledged_sum": int(row["unacked_sum"]),
-            "oldest_due_age": float(row["oldest"]),
+            "by_status": by_status,
+            "parked": parked,
+            # Executions waiting for an operator's decision on a step whose
+            # outcome is unknown (one step each); an effect row left behind by
+            # an execution that was resolved or ended does not count.
+            "outcome_unknown": parked.get("outcome_unknown", 0),
+            "unacknowledged_executions": sum(r["unacked"] for r in rows),
+            "unacknowledged_sum": int(sum(r["unacked_sum"] for r in rows)),
+            "oldest_due_age": oldest,
         }

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from app.blocked import REASONS
+
 # ------------------------------------------------------------------- times
 
 
@@ -51,18 +53,21 @@ def relative(value: datetime | None, now: datetime) -> str:
 
 # --------------------------------------------------------------- blockedBy
 
-# The reasons of app/blocked.py, for the filter and the list (short words).
+# The reasons of app/blocked.py (its RULES, in their order), for the filter
+# and the list (short words).
 BLOCKED_REASONS: dict[str, str] = {
     "due": "due: waiting for a free worker",
     "leased": "leased: a worker is running it",
     "lease-expired": "lease expired: awaiting takeover",
     "redelivery-delay": "redelivery delay after an unacknowledged delivery",
-    "sleeping": "sleeping on a durable timer",
+    "waiting-for-child": "waiting for a child execution to end",
     "waiting-for-signal": "waiting for a signal",
+    "sleeping": "sleeping on a durable timer",
     "parked": "parked: needs an operator",
     "no-worker": "no live worker runs its workflow",
     "none": "nothing: it has ended",
 }
+assert set(BLOCKED_REASONS) == set(REASONS), "every reason of app/blocked.py has its words"
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,14 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        + (", or when the wait times out." if until else "."),
                        f"Send the signal: POST /v1/executions/{rec['execution_id']}/signals/{name}.",
                        until, "wait times out", f"waiting for signal “{name}”")
+    if reason == "waiting-for-child":
+        child = blocked.get("child")
+        return Blocked(reason, f"Waiting for the child execution “{child}” to end.",
+                       "It started a child workflow and waits for it; the child's end (completed, "
+                       "failed, cancelled or timed out) makes it due again at once. No worker "
+                       "holds it meanwhile.",
+                       "Look at the child execution: it is the one that has to move.",
+                       short=f"waiting for child “{child}”")
     if reason == "no-worker":
         return Blocked(reason, f"Due, but no live worker runs workflow “{blocked.get('workflowId')}”.",
                        "Workers advertise the workflows they run; none alive advertises this one.",

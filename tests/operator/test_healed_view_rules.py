@@ -1,0 +1,245 @@
+"""Issue 10 item 14, one rule in one place: the API, the dashboard (listing
+filter, execution page) and the metrics agree on `blockedBy` for every value
+(waiting-for-child included), and an expired lease reads as the reaper will
+leave it (cancel, deadline, poison), before the reaper has written it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+import httpx
+import pytest
+
+from app.blocked import blocked_by
+from app.reaper import LeaseReaper
+from app.store import ExecutionStore
+from app.ui import views
+from tests.operator.helpers import admit, record
+
+pytestmark = pytest.mark.timeout(60)
+
+# DESIGN.md's reasons, and the child wait; "none" stands for terminal.
+REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "sleeping",
+           "waiting-for-signal", "waiting-for-child", "no-worker", "due")
+
+LIVE_WORKFLOWS = ["op-quick", "op-sleep", "op-gated", "op-charge", "op-w1", "op-w2", "op-w3",
+                  "op-w4", "op-w5", "op-w6", "op-w7", "op-w8"]
+
+
+async def _claim(store: ExecutionStore, workflow_id: str):
+    [d] = await store.claim_due(1, 30, "holder-1", [workflow_id])
+    return d.lease
+
+
+async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str, str]:
+    """{execution_id: the blockedBy reason it must read}: one per reason."""
+    await store.register_worker("w-live", host="t", pid=1, workflows=LIVE_WORKFLOWS,
+                                concurrency=1)
+    now = await store.db_now()
+    await admit(store, "op-w1", "r-leased")
+    await _claim(store, "op-w1")
+    await admit(store, "op-w2", "r-expired")
+    await _claim(store, "op-w2")
+    await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
+                       "WHERE execution_id = 'r-expired'")
+    await admit(store, "op-w3", "r-delay")
+    await store.release(await _claim(store, "op-w3"))
+    await pool.execute("UPDATE executions SET redeliver_after = now() + interval '1 hour' "
+                       "WHERE execution_id = 'r-delay'")
+    await admit(store, "op-w4", "r-sleeping")
+    lease = await _claim(store, "op-w4")
+    await store.request_wake("r-sleeping", now + timedelta(hours=1))
+    await store.acknowledge(lease, "suspended", waiting_on={"sleep": "nap"})
+    await admit(store, "op-w5", "r-signal")
+    await store.acknowledge(await _claim(store, "op-w5"), "suspended",
+                            waiting_on={"signal": "approve"})
+    await admit(store, "op-w6", "r-parent")
+    await store.acknowledge(await _claim(store, "op-w6"), "suspended",
+                            waiting_on={"child": "r-parent~child"})
+    await admit(store, "op-w7", "r-parked")
+    await store.begin_effect(await _claim(store, "op-w7"), "charge", idempotency_key="k",
+                             function_name="remote")
+    await pool.execute("UPDATE executions SET status = 'parked', parked_reason = 'poison', "
+                       "lease_owner = NULL, lease_expires_at = NULL, due_at = NULL "
+                       "WHERE execution_id = 'r-parked'")
+    await admit(store, "op-w8", "r-done")
+    await store.acknowledge(await _claim(store, "op-w8"), "completed", result={"ok": 1})
+    await admit(store, "op-quick", "r-due")
+    await admit(store, "op-nobody-runs-this", "r-no-worker")
+    return {
+        "r-leased": "leased", "r-expired": "lease-expired", "r-delay": "redelivery-delay",
+        "r-sleeping": "sleeping", "r-signal": "waiting-for-signal",
+        "r-parent": "waiting-for-child", "r-parked": "parked", "r-done": "none",
+        "r-due": "due", "r-no-worker": "no-worker",
+    }
+
+
+async def test_api_and_dashboard_agree_on_every_blocked_reason(
+        store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
+    expected = await _one_per_reason(store, pool)
+    assert set(expected.values()) == set(REASONS), "every reason is exercised"
+    assert set(views.BLOCKED_REASONS) == set(REASONS), "the dashboard knows every reason"
+    live = set(LIVE_WORKFLOWS)
+
+    rows, total = await store.ui_list(live_workflows=live, limit=100)
+    assert total == len(expected)
+    listed = {r["execution_id"]: r for r in rows}
+    for eid, reason in expected.items():
+        api_answer = (await record(api, eid))["blockedBy"]
+        api_reason = api_answer["reason"] if api_answer else "none"
+        row = listed[eid]
+        python = blocked_by(row, live)
+        seen = {
+            "api": api_reason,
+            "dashboard filter SQL": row["blocked_reason"],
+            "dashboard words": views.explain_blocked(python, row).reason,
+        }
+        assert seen == dict.fromkeys(seen, reason), (eid, seen)
+        found, n = await store.ui_list(live_workflows=live, blocked_by=reason)
+        assert (n, [r["execution_id"] for r in found]) == (1, [eid]), reason
+
+    # The parent waiting for its child is not "waiting for a free worker".
+    assert (await record(api, "r-parent"))["blockedBy"] == {
+        "reason": "waiting-for-child", "child": "r-parent~child"}
+    page = await api.get("/ui/executions/r-parent")
+    assert page.status_code == 200, page.text
+    assert "free worker" not in page.text
+    assert "r-parent~child" in page.text and "Waiting for the child execution" in page.text
+    listing = await api.get("/ui", params={"blockedBy": "waiting-for-child"})
+    assert listing.status_code == 200, listing.text
+    assert "/ui/executions/r-parent" in listing.text
+    assert "/ui/executions/r-signal" not in listing.text
+
+
+# ------------------------------------------------- an expired lease, healed
+
+REAPER_RULES = ["plain", "cancel", "deadline-passed", "deadline-before-redelivery", "poison",
+                "cancel-and-poison"]
+
+
+def _view(rec: dict) -> dict:
+    """What must not change when the reaper writes what the read predicted."""
+    keys = ("status", "outcome", "unacknowledged_deliveries", "parked_reason", "parked_step",
+            "due_at", "last_unacknowledged_at", "lease_owner", "lease_expires_at")
+    return {k: rec[k] for k in keys}
+
+
+@pytest.mark.parametrize("rule", REAPER_RULES)
+async def test_an_expired_lease_reads_as_the_reaper_will_leave_it(
+        pool: asyncpg.Pool, rule: str) -> None:
+    # A redelivery delay of 60 s, so a deadline 30 s away lies before the
+    # next delivery could start: the reaper times that one out too.
+    store = ExecutionStore(pool, redelivery_base_seconds=60, redelivery_cap_seconds=60)
+    eid = f"heal-{rule}"
+    await admit(store, "op-quick", eid, timeout_seconds=3600)
+    lease = await _claim(store, "op-quick")
+    await store.acknowledge(lease, "suspended", waiting_on={"signal": "s"})
+    await store.request_wake(eid)
+    lease = await _claim(store, "op-quick")  # a second delivery: ever suspended
+    if rule in ("cancel", "cancel-and-poison"):
+        assert (await store.request_cancel(eid, "ops"))[0] == "requested"
+    if rule in ("poison", "cancel-and-poison"):
+        await pool.execute("UPDATE executions SET unacknowledged_deliveries = $2 "
+                           "WHERE execution_id = $1", eid, store.max_unacknowledged - 1)
+    if rule == "deadline-passed":
+        await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
+                           "WHERE execution_id = $1", eid)
+    if rule == "deadline-before-redelivery":
+        await pool.execute("UPDATE executions SET deadline = now() + interval '30 seconds' "
+                           "WHERE execution_id = $1", eid)
+    await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
+                       "WHERE execution_id = $1", eid)
+
+    healed = await store.get(eid)
+    [listed] = (await store.ui_list(live_workflows={"op-quick"}))[0]
+    counts = await store.status_counts()
+    gauges = await store.metrics_snapshot()
+    expected_status = {
+        "plain": "suspended", "cancel": "cancelled", "deadline-passed": "timed_out",
+        "deadline-before-redelivery": "timed_out", "poison": "parked",
+        "cancel-and-poison": "cancelled",
+    }[rule]
+    assert healed["status"] == expected_status, healed
+    assert _view(listed) == _view(healed)
+    assert counts == {expected_status: 1}
+    unfinished = expected_status in ("admitted", "running", "suspended", "parked")
+    assert gauges["by_status"] == ({expected_status: 1} if unfinished else {}), gauges
+    if rule != "plain":
+        assert healed["lease_expired"] is True
+        assert blocked_by(healed, {"op-quick"}) == (
+            {"reason": "parked", "parkedReason": "poison", "step": None}
+            if expected_status == "parked" else None)
+
+    assert (await LeaseReaper(store).run_once()).expired == 1
+    reaped = await store.get(eid)
+    assert reaped["lease_expired"] is False
+    assert _view(reaped) == _view(healed), (rule, healed, reaped)
+    if rule != "plain":  # "plain" reads lease-expired until the reaper writes it
+        assert blocked_by(reaped, {"op-quick"}) == blocked_by(healed, {"op-quick"})
+    assert await store.status_counts() == counts
+    assert (await store.metrics_snapshot())["by_status"] == gauges["by_status"]
+
+
+async def test_an_unheld_record_past_its_deadline_reads_timed_out_before_the_sweep(
+        store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
+    eid = await admit(store, "op-quick", "heal-sweep", timeout_seconds=3600)
+    await store.acknowledge(await _claim(store, "op-quick"), "suspended",
+                            waiting_on={"signal": "s"})
+    await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
+                       "WHERE execution_id = $1", eid)
+    healed = await record(api, eid)
+    assert (healed["status"], healed["blockedBy"]) == ("timed_out", None), healed
+    assert healed["outcome"]["error"]["name"] == "DeadlineExceeded"
+    assert await store.status_counts() == {"timed_out": 1}
+    await LeaseReaper(store).run_once()
+    swept = await record(api, eid)
+    for key in ("status", "outcome", "dueAt", "blockedBy", "parked"):
+        assert swept[key] == healed[key], key
+
+
+# ------------------------------------ the SQL filter and Python, every case
+
+async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.Pool) -> None:
+    """app/blocked.py's RULES rendered to SQL (the dashboard's filter) and
+    tested in Python (the API) give the same reason for every combination of
+    the fields they read, NULLs included."""
+    import itertools
+    import json
+
+    from app.blocked import reason_of, reason_sql
+
+    now = await pool.fetchval("SELECT now()")
+    times = {"null": None, "past": now - timedelta(minutes=1), "future": now + timedelta(minutes=1)}
+    statuses = ("admitted", "suspended", "running", "parked", "completed", "failed",
+                "cancelled", "timed_out")
+    waits = (None, {}, {"child": "c"}, {"signal": "s"}, {"sleep": "k"},
+             {"child": "c", "signal": "s"})
+    lives = (None, set(), {"wf"})
+    rows = [
+        {"status": s, "lease_expired": x, "redeliver_after": times[ra], "due_at": times[d],
+         "waiting_on": w, "workflow_id": "wf", "read_at": now}
+        for s, x, ra, d, w in itertools.product(statuses, (None, False, True), times, times, waits)
+    ]
+    sql = reason_sql("r", "$2::text[]")
+    counts: dict[str, int] = {}
+    for live in lives:
+        answers = await pool.fetch(
+            f"""
+            SELECT {sql} AS reason
+            FROM jsonb_to_recordset($1::jsonb) AS r(
+                status text, lease_expired boolean, redeliver_after timestamptz,
+                due_at timestamptz, waiting_on jsonb, workflow_id text, read_at timestamptz,
+                i int)
+            ORDER BY r.i
+            """,
+            json.loads(json.dumps([{**row, "i": i} for i, row in enumerate(rows)],
+                                  default=lambda t: t.isoformat())),
+            None if live is None else sorted(live),
+        )
+        assert len(answers) == len(rows)
+        for row, answer in zip(rows, answers, strict=True):
+            python = reason_of(row, live)
+            assert answer["reason"] == python, (row, live)
+            counts[python] = counts.get(python, 0) + 1
+    assert set(counts) == set(REASONS), counts  # every rule was reached
