@@ -11,6 +11,10 @@ build SQL of their own. Rules the statements keep (DESIGN.md, RFC 001/002):
   write in one statement, under the execution row's lock.
 * Each transition appends its event in the same statement, so the history
   can never disagree with the record.
+* A serialization failure or deadlock (40001/40P01) is retried here, a
+  bounded number of times, never by callers: `self.pool` is a RetryingPool
+  (app/store/retry.py) whose single statements retry, and a multi-statement
+  transaction goes through `self.pool.run_in_transaction(fn)`.
 """
 
 
@@ -24,6 +28,7 @@ from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
 from app.store.operator import OperatorStatements
 from app.store.policy import PolicyStatements
+from app.store.retry import RetryingPool, retrying
 from app.store.schedules import ScheduleStatements, ScheduleTurn  # noqa: F401
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
@@ -48,15 +53,17 @@ class ExecutionStore(
     UiStatements,
     ScheduleStatements,
 ):
+    pool: RetryingPool
+
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: asyncpg.Pool | RetryingPool,
         *,
         redelivery_base_seconds: float = 1.0,
         redelivery_cap_seconds: float = 300.0,
         max_unacknowledged_deliveries: int = 25,
     ):
-        self.pool = pool
+        self.pool = retrying(pool)
         self.redelivery_base = float(redelivery_base_seconds)
         self.redelivery_cap = float(redelivery_cap_seconds)
         self.max_unacknowledged = int(max_unacknowledged_deliveries)

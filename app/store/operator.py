@@ -26,15 +26,11 @@ class OperatorStatements:
         request at its next fenced write or renewal. The request reaches every
         unfinished descendant (child workflows) in the same statement.
         Returns (answer, status) for `execution_id`."""
-        for attempt in range(3):
-            try:
-                row = await self._cancel_tree(execution_id, by)
-                break
-            except asyncpg.DeadlockDetectedError:
-                # Cancel locks top-down, a child's end bottom-up: rare, and
-                # safe to repeat (the request is idempotent).
-                if attempt == 2:
-                    raise
+        # Cancel locks top-down, a child's end bottom-up: a deadlock between
+        # them is rare and the whole request is safe to repeat (it is
+        # idempotent), so the transaction is retried as a whole.
+        row = await self.pool.run_in_transaction(
+            lambda conn: self._cancel_tree(conn, execution_id, by))
         if row is not None:
             return ("cancelled" if row["status"] == "cancelled" else "requested"), row["status"]
         status = await self.pool.fetchval(
@@ -42,65 +38,64 @@ class OperatorStatements:
         )
         return ("not_found", None) if status is None else ("terminal", status)
 
-    async def _cancel_tree(self, execution_id: str, by: str):
+    async def _cancel_tree(self, conn: asyncpg.Connection, execution_id: str, by: str):
         held = "e.status = 'running' AND e.lease_expires_at > now()"
-        async with self.pool.acquire() as conn, conn.transaction():
-            # Lock the root first, then find the descendants in a new
-            # snapshot: a child whose start is waiting on this row either
-            # committed before (and is found) or sees the request and
-            # withdraws (start_child checks the parent after inserting).
-            await conn.execute(
-                "SELECT 1 FROM executions WHERE execution_id = $1 FOR UPDATE", execution_id
+        # Lock the root first, then find the descendants in a new
+        # snapshot: a child whose start is waiting on this row either
+        # committed before (and is found) or sees the request and
+        # withdraws (start_child checks the parent after inserting).
+        await conn.execute(
+            "SELECT 1 FROM executions WHERE execution_id = $1 FOR UPDATE", execution_id
+        )
+        return await conn.fetchrow(
+            f"""
+            WITH RECURSIVE tree AS (
+                SELECT execution_id FROM executions
+                WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+                UNION
+                SELECT x.execution_id FROM executions x JOIN tree t
+                  ON x.parent_execution_id = t.execution_id
+                WHERE x.status NOT IN {_TERMINAL_SQL}
+            ), c AS (
+                UPDATE executions e
+                SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
+                    cancel_requested_by = coalesce(e.cancel_requested_by, $2),
+                    status = CASE WHEN {held} THEN 'running' ELSE 'cancelled' END,
+                    outcome = CASE WHEN {held} THEN NULL
+                                   ELSE jsonb_build_object('error', jsonb_build_object(
+                                       'name', 'Cancelled',
+                                       'message', 'cancelled at the request of '
+                                                  || coalesce(e.cancel_requested_by, $2),
+                                       'requestedAt', coalesce(e.cancel_requested_at, now())))
+                              END,
+                    lease_owner = CASE WHEN {held} THEN e.lease_owner END,
+                    lease_expires_at = CASE WHEN {held} THEN e.lease_expires_at END,
+                    due_at = CASE WHEN {held} THEN e.due_at END,
+                    covered_due_at = CASE WHEN {held} THEN e.covered_due_at END,
+                    parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
+                    updated_at = now()
+                FROM tree
+                WHERE e.execution_id = tree.execution_id AND e.status NOT IN {_TERMINAL_SQL}
+                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+            ), {WAKE_PARENTS.format(ended="c")}, ev AS (
+                INSERT INTO execution_events (execution_id, kind, token, detail)
+                SELECT execution_id, 'cancel_requested', token,
+                       jsonb_strip_nulls(jsonb_build_object(
+                           'by', $2::text,
+                           'parentExecutionId', CASE WHEN execution_id <> $1
+                                                     THEN parent_execution_id END))
+                FROM c
+                UNION ALL
+                SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
+                FROM c WHERE status = 'cancelled'
             )
-            return await conn.fetchrow(
-                f"""
-                WITH RECURSIVE tree AS (
-                    SELECT execution_id FROM executions
-                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
-                    UNION
-                    SELECT x.execution_id FROM executions x JOIN tree t
-                      ON x.parent_execution_id = t.execution_id
-                    WHERE x.status NOT IN {_TERMINAL_SQL}
-                ), c AS (
-                    UPDATE executions e
-                    SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
-                        cancel_requested_by = coalesce(e.cancel_requested_by, $2),
-                        status = CASE WHEN {held} THEN 'running' ELSE 'cancelled' END,
-                        outcome = CASE WHEN {held} THEN NULL
-                                       ELSE jsonb_build_object('error', jsonb_build_object(
-                                           'name', 'Cancelled',
-                                           'message', 'cancelled at the request of '
-                                                      || coalesce(e.cancel_requested_by, $2),
-                                           'requestedAt', coalesce(e.cancel_requested_at, now())))
-                                  END,
-                        lease_owner = CASE WHEN {held} THEN e.lease_owner END,
-                        lease_expires_at = CASE WHEN {held} THEN e.lease_expires_at END,
-                        due_at = CASE WHEN {held} THEN e.due_at END,
-                        covered_due_at = CASE WHEN {held} THEN e.covered_due_at END,
-                        parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
-                        updated_at = now()
-                    FROM tree
-                    WHERE e.execution_id = tree.execution_id AND e.status NOT IN {_TERMINAL_SQL}
-                    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
-                ), {WAKE_PARENTS.format(ended="c")}, ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
-                    SELECT execution_id, 'cancel_requested', token,
-                           jsonb_strip_nulls(jsonb_build_object(
-                               'by', $2::text,
-                               'parentExecutionId', CASE WHEN execution_id <> $1
-                                                         THEN parent_execution_id END))
-                    FROM c
-                    UNION ALL
-                    SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
-                    FROM c WHERE status = 'cancelled'
-                )
-                SELECT status,
-                       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke
-                FROM c WHERE execution_id = $1
-                """,
-                execution_id,
-                by,
-            )
+            SELECT status,
+                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke
+            FROM c WHERE execution_id = $1
+            """,
+            execution_id,
+            by,
+        )
 
     async def resolve_step(
         self,

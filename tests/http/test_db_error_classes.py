@@ -73,9 +73,9 @@ async def test_an_infrastructure_error_under_a_route_is_503_with_retry_after(
         assert "retry" in error["message"]
     # The dashboard's cancel and wake buttons run the same store calls: a 503 page.
     seed = "s" * 40
+    client.cookies.set(CSRF_COOKIE, seed)
     for action in ("cancel", "wake"):
-        r = await client.post(f"/ui/executions/e1/{action}", data={"csrf": _csrf_of(seed)},
-                              cookies={CSRF_COOKIE: seed})
+        r = await client.post(f"/ui/executions/e1/{action}", data={"csrf": _csrf_of(seed)})
         assert r.status_code == 503, (action, r.status_code, r.text[:300])
         assert int(r.headers["retry-after"]) > 0
         assert "DATABASE_UNAVAILABLE" in r.text
