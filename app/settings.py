@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,7 +26,11 @@ class Settings(BaseSettings):
         "enabled", description="Bearer-token authentication of the API; `disabled` only for development."
     )
     lease_seconds: float = Field(30.0, gt=0, description="How long a claim holds an execution without renewal.")
-    renew_seconds: float = Field(10.0, gt=0, description="How often a worker renews the leases it holds.")
+    renew_seconds: float = Field(
+        10.0, gt=0,
+        description="How often a worker renews the leases it holds; must be shorter than the lease "
+        "(unset with a lease of 10 s or less: a third of the lease).",
+    )
     redelivery_base_seconds: float = Field(
         1.0, gt=0, description="Redelivery delay after the first unacknowledged delivery."
     )
@@ -65,13 +69,36 @@ class Settings(BaseSettings):
         "admitted at most this long after its time.",
     )
 
-    @field_validator("redelivery_cap_seconds")
-    @classmethod
-    def _cap_not_below_base(cls, v: float, info) -> float:
-        base = info.data.get("redelivery_base_seconds")
-        if base is not None and v < base:
-            raise ValueError("FENCEPOST_REDELIVERY_CAP_SECONDS must be >= FENCEPOST_REDELIVERY_BASE_SECONDS")
-        return v
+    @model_validator(mode="after")
+    def _settings_that_can_work(self) -> Settings:
+        """Combinations that cannot work are refused at start, all of them in
+        one message, so the operator fixes the configuration once."""
+        problems = []
+        if "renew_seconds" not in self.model_fields_set and self.renew_seconds >= self.lease_seconds:
+            # Only the lease was given, shorter than the default renewal
+            # interval: renew three times per lease instead of refusing.
+            self.renew_seconds = self.lease_seconds / 3
+        if self.renew_seconds >= self.lease_seconds:
+            problems.append(
+                f"FENCEPOST_RENEW_SECONDS ({self.renew_seconds:g}) must be shorter than "
+                f"FENCEPOST_LEASE_SECONDS ({self.lease_seconds:g}): a lease renewed no more "
+                "often than it lasts expires between renewals and every delivery is taken over "
+                "(a third of the lease is a good renewal interval)"
+            )
+        if self.redelivery_cap_seconds < self.redelivery_base_seconds:
+            problems.append(
+                f"FENCEPOST_REDELIVERY_CAP_SECONDS ({self.redelivery_cap_seconds:g}) must be >= "
+                f"FENCEPOST_REDELIVERY_BASE_SECONDS ({self.redelivery_base_seconds:g}): the cap "
+                "bounds a delay that starts at the base"
+            )
+        if self.pool_min_size > self.pool_max_size:
+            problems.append(
+                f"FENCEPOST_POOL_MIN_SIZE ({self.pool_min_size}) must be <= "
+                f"FENCEPOST_POOL_MAX_SIZE ({self.pool_max_size})"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @field_validator("retention", mode="before")
     @classmethod
