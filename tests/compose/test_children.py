@@ -24,6 +24,7 @@ from tests.compose.helpers import (
     wait_status,
     wait_until,
 )
+from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
 
 RACE_ROUNDS = 150
 
@@ -221,66 +222,140 @@ async def test_a_replay_after_a_crash_between_admission_and_receipt_starts_no_se
     assert (receipt["value"], receipt["token"]) == ("par-crash:start-0", crashed.token + 1)
 
 
+async def stale_or_current_start(store: ExecutionStore, lease, child_id: str, value: int):
+    try:
+        return await store.start_child(lease, "child", workflow_id="cmp-child",
+                                       params={"value": value}, child_id=child_id)
+    except LeaseLost as exc:
+        return exc
+
+
+async def check_child_race(store: ExecutionStore, pool, where: str, parent: str, child_id: str,
+                           value: int, a, b, stale_answer, new_answer) -> str:
+    """One child whoever won; the stale holder A starts it only if its
+    statement committed before B's claim (the fence is in the statement),
+    and B then finds it ("existing"); otherwise A gets LeaseLost and B
+    starts it. Returns "stale first" or "claim first"."""
+    where = f"{where}: stale {stale_answer!r}, new {new_answer!r}"
+    assert b.token == a.token + 1, where
+    if isinstance(stale_answer, LeaseLost):
+        outcome = "claim first"
+        assert new_answer == ("started", {"executionId": child_id}), where
+    else:
+        outcome = "stale first"
+        assert stale_answer == ("started", {"executionId": child_id}), where
+        assert new_answer == ("existing", {"executionId": child_id}), where
+    rows = await children_rows(pool, parent)
+    assert [(r["execution_id"], r["parent_step_key"], r["params"]) for r in rows] == [
+        (child_id, "child", {"value": value})], where
+    [started] = await events_of(store, parent, "child_started")
+    assert len(await events_of(store, child_id, "admitted")) == 1, where
+    [claim_b] = [e for e in await events_of(store, parent, "claimed") if e["token"] == b.token]
+    # Never a child started by the stale holder after the new claim.
+    assert (started["event_id"] < claim_b["event_id"]) == (outcome == "stale first"), where
+    # The receipt goes through a fenced step: only the current holder's lands.
+    with pytest.raises(LeaseLost):
+        await store.write_step(a, "child", value=child_id, function_name="child:cmp-child")
+    receipt = await store.write_step(b, "child", value=child_id,
+                                     function_name="child:cmp-child")
+    assert receipt.value == child_id, where
+    return outcome
+
+
 async def test_a_stale_holder_racing_the_current_one_starts_exactly_one_child(
         store: ExecutionStore, pool):
     """start_child from a stale lease and from the new one, concurrently on
-    separate connections, RACE_ROUNDS times: exactly one child row with that
-    ID, and both calls return it (or the stale one gets LeaseLost)."""
+    separate connections, RACE_ROUNDS times (more while an interleaving is
+    missing): exactly one child row with that ID. Each interleaving must
+    occur: B claimed before the race (A gets LeaseLost, B starts the child);
+    B's claim wins the race (the same); A's start_child commits first (A
+    starts, B finds it), with B's claim either after it or skipping the
+    parent row while A's statement holds it."""
     rng = random.Random(7)
-    started_by = {"A": 0, "B": 0}
-    for i in range(RACE_ROUNDS):
+    outcomes = Outcomes("claimed before", "claim first", "stale first, then claimed",
+                        "stale first, claim skipped")
+    for i in outcomes.rounds(RACE_ROUNDS):
         wf = f"cmp-race-parent-{i}"
         parent = await admit(store, wf, f"race-par-{i}")
         child_id = f"{parent}:child"
         a = (await claim_one(store, wf, "holder-A")).lease
         await expire_lease(pool, parent)
-        claim_first = i % 2 == 0
+        # Rounds alternate: B claims before the race; no delay on either
+        # side, twice (the claim lands before start_child, while it runs, or
+        # just after it); the claim delayed (0 .. 1 ms); the stale start
+        # delayed (0 .. 2 ms).
+        mode = i % 5
+        claim_first = mode == 0
         b_lease = (await claim_one(store, wf, "holder-B")).lease if claim_first else None
-        jitter = [rng.uniform(0, 0.002), rng.uniform(0, 0.002)]
+        delay_stale = rng.uniform(0, 0.002) if mode == 4 else 0.0
+        delay_claim = rng.uniform(0, 0.001) if mode == 3 else 0.0
+        skipped = []
 
-        async def start(lease, delay, child_id=child_id, i=i):
+        async def stale(a=a, delay=delay_stale, child_id=child_id, i=i):
             await asyncio.sleep(delay)
-            try:
-                return await store.start_child(lease, "child", workflow_id="cmp-child",
-                                               params={"value": i}, child_id=child_id)
-            except LeaseLost as exc:
-                return exc
+            return await stale_or_current_start(store, a, child_id, i)
 
-        async def new_holder(wf=wf, b_lease=b_lease, delay=jitter[1]):
+        async def new_holder(wf=wf, b_lease=b_lease, delay=delay_claim, skipped=skipped,
+                             child_id=child_id, i=i):
+            await asyncio.sleep(delay)
             lease = b_lease
             while lease is None:
                 # The claim skips the parent row while the stale start_child
                 # holds it FOR SHARE; it is claimable once that has committed.
                 claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
                 lease = claimed[0].lease if claimed else None
-            return lease, await start(lease, delay)
+                skipped.append(lease is None)
+            return lease, await stale_or_current_start(store, lease, child_id, i)
 
-        stale_answer, (b, new_answer) = await asyncio.gather(start(a, jitter[0]), new_holder())
+        stale_answer, (b, new_answer) = await asyncio.gather(stale(), new_holder())
 
-        where = f"round {i}: stale {stale_answer!r}, new {new_answer!r}"
-        assert b.token == a.token + 1, where
-        assert not isinstance(new_answer, LeaseLost), where
-        answers = {"B": new_answer}
-        if not isinstance(stale_answer, LeaseLost):
-            answers["A"] = stale_answer
-        for holder, (kind, detail) in answers.items():
-            assert kind in ("started", "existing"), where
-            assert detail["executionId"] == child_id, where
-            started_by[holder] += kind == "started"
-        assert [kind for kind, _ in answers.values()].count("started") == 1, where
-        rows = await children_rows(pool, parent)
-        assert [(r["execution_id"], r["parent_step_key"], r["params"]) for r in rows] == [
-            (child_id, "child", {"value": i})], where
-        assert len(await events_of(store, parent, "child_started")) == 1, where
-        assert len(await events_of(store, child_id, "admitted")) == 1, where
-        # The receipt goes through a fenced step: only the current holder's lands.
-        with pytest.raises(LeaseLost):
-            await store.write_step(a, "child", value=child_id, function_name="child:cmp-child")
-        receipt = await store.write_step(b, "child", value=child_id,
-                                         function_name="child:cmp-child")
-        assert receipt.value == child_id, where
-    print(f"child started by (over {RACE_ROUNDS} rounds): {started_by}")
-    assert started_by["A"] >= 1 and started_by["B"] >= 1, started_by
+        outcome = await check_child_race(store, pool, f"round {i}", parent, child_id, i, a, b,
+                                         stale_answer, new_answer)
+        if claim_first:
+            assert outcome == "claim first", f"round {i}: a stale start after the claim"
+            outcome = "claimed before"
+        elif outcome == "stale first":
+            outcome += ", claim skipped" if any(skipped) else ", then claimed"
+        outcomes.add(outcome, f"round {i}")
+    outcomes.assert_each("stale vs current start_child")
+
+
+@pytest.mark.parametrize("order", ["claim-holds-row-stale-start-waits",
+                                   "stale-start-holds-row-claim-skips"])
+async def test_a_stale_start_child_and_a_new_claim_in_each_order(store: ExecutionStore, pool,
+                                                                 order):
+    """The race above, each interleaving forced by a StatementGate."""
+    wf, parent = "cmp-race-parent-forced", "race-par-forced"
+    child_id = f"{parent}:child"
+    await admit(store, wf, parent)
+    a = (await claim_one(store, wf, "holder-A")).lease
+    await expire_lease(pool, parent)
+    if order == "claim-holds-row-stale-start-waits":
+        async with StatementGate(pool, "execution_events",
+                                 f"NEW.kind = 'claimed' AND NEW.token = {a.token + 1}") as gate:
+            claim = asyncio.create_task(store.claim_due(1, 30.0, "holder-B", [wf]))
+            await gate.until_held(also=claim.done)
+            stale = asyncio.create_task(stale_or_current_start(store, a, child_id, 1))
+            await until_waiting(pool, 1, "row", what="A's start_child behind the claim",
+                                also=stale.done)
+            assert not stale.done()
+            await gate.open()
+            [b], stale_answer = await claim, await stale
+        expected = "claim first"
+    else:
+        async with StatementGate(pool, "execution_events",
+                                 "NEW.kind = 'child_started'") as gate:
+            stale = asyncio.create_task(stale_or_current_start(store, a, child_id, 1))
+            await gate.until_held(also=stale.done)
+            # SKIP LOCKED: the claim passes over the parent A's statement holds.
+            assert await store.claim_due(1, 30.0, "holder-B", [wf]) == []
+            await gate.open()
+            stale_answer = await stale
+        [b] = await store.claim_due(1, 30.0, "holder-B", [wf])
+        expected = "stale first"
+    new_answer = await stale_or_current_start(store, b.lease, child_id, 1)
+    assert await check_child_race(store, pool, order, parent, child_id, 1, a, b.lease,
+                                  stale_answer, new_answer) == expected
 
 
 async def test_a_repeated_start_child_does_not_deadlock_with_the_childs_end(
@@ -431,32 +506,44 @@ async def test_cancellation_reaches_grandchildren(store: ExecutionStore):
         assert (await store.get(eid))["status"] == "cancelled", eid
 
 
+@pytest.mark.parametrize("first", ["start_child", "cancel"])
 async def test_a_child_started_while_the_parents_cancel_waits_is_reached_too(
-        store: ExecutionStore, pool):
-    """start_child and request_cancel of its parent at once. A third
-    connection's FOR UPDATE on the parent only fixes the interleaving:
-    start_child has inserted the child and waits for the parent row, then
-    the cancel arrives and waits behind it."""
+        store: ExecutionStore, pool, first):
+    """start_child and request_cancel of its parent at once, in each order.
+    A third connection's FOR UPDATE on the parent fixes the order: the first
+    racer is started and seen waiting for the parent row, then the second
+    queues behind it; Postgres hands the row over in that order. start_child
+    first: the child is started and the cancel, arriving after it, reaches
+    it. The cancel first: start_child sees the parent cancelling and starts
+    nothing."""
     await admit(store, "cmp-store-parent", "p")
     parent = (await claim_one(store, "cmp-store-parent", "w")).lease
-    async with pool.acquire() as other:
-        tx = other.transaction()
-        await tx.start()
-        await other.execute("SELECT 1 FROM executions WHERE execution_id = 'p' FOR UPDATE")
-        start = asyncio.create_task(store.start_child(
+
+    def start():
+        return asyncio.create_task(store.start_child(
             parent, "c", workflow_id="cmp-store-child", params={}, child_id="p:c"))
-        await wait_until(lambda: start.done() or lock_waiters(pool, 1), what="start_child")
-        cancel = asyncio.create_task(store.request_cancel("p", "ops"))
-        await wait_until(lambda: cancel.done() or lock_waiters(pool, 2), what="cancel")
-        await tx.commit()
-    started, cancelled = await asyncio.gather(start, cancel)
+
+    def cancel():
+        return asyncio.create_task(store.request_cancel("p", "ops"))
+
+    async with RowLock(pool, "p") as lock:
+        one = start() if first == "start_child" else cancel()
+        await until_waiting(pool, 1, "row", what=f"{first} waits for p", also=one.done)
+        two = cancel() if first == "start_child" else start()
+        await until_waiting(pool, 2, "row", what="the other racer waits too", also=two.done)
+        assert not one.done() and not two.done()
+        await lock.release()
+    started, cancelled = (await one, await two) if first == "start_child" else (await two,
+                                                                              await one)
 
     assert cancelled == ("requested", "running")  # the parent is held: it stops at its next step
     child = await store.get("p:c")
-    if started[0] == "started":  # then the request must reach it
-        assert child["cancel_requested_at"] is not None or child["status"] == "cancelled", child
+    if first == "start_child":
+        assert started == ("started", {"executionId": "p:c"}), started
+        # The request reached it: admitted and nobody held it, so it is cancelled at once.
+        assert child["cancel_requested_at"] is not None and child["status"] == "cancelled", child
     else:
-        assert started[0] == "parent_cancelling" and child is None
+        assert started[0] == "parent_cancelling" and child is None, (started, child)
 
 
 async def test_a_child_started_after_the_parents_cancel_request_is_cancelled_too(
