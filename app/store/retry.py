@@ -92,33 +92,24 @@ class RetryingPool:
                 await asyncio.sleep(backoff_seconds(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
-        return await self._retrying(
-            "statement", lambda: self._pool.execute(query, *args, timeout=timeout))
+    # Keyword arguments (timeout=, column=, record_class=) pass through as given.
 
-    async def executemany(self, command: str, args, *, timeout: float | None = None) -> None:
+    async def execute(self, query: str, *args: Any, **kw: Any) -> str:
+        return await self._retrying("statement", lambda: self._pool.execute(query, *args, **kw))
+
+    async def executemany(self, command: str, args, **kw: Any) -> None:
         # One transaction for all the rows: retried as a whole.
         return await self._retrying(
-            "statement", lambda: self._pool.executemany(command, args, timeout=timeout))
+            "statement", lambda: self._pool.executemany(command, args, **kw))
 
-    async def fetch(self, query: str, *args: Any, timeout: float | None = None,
-                    record_class=None) -> list:
-        return await self._retrying(
-            "statement",
-            lambda: self._pool.fetch(query, *args, timeout=timeout, record_class=record_class))
+    async def fetch(self, query: str, *args: Any, **kw: Any) -> list:
+        return await self._retrying("statement", lambda: self._pool.fetch(query, *args, **kw))
 
-    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None,
-                       record_class=None):
-        return await self._retrying(
-            "statement",
-            lambda: self._pool.fetchrow(query, *args, timeout=timeout,
-                                        record_class=record_class))
+    async def fetchrow(self, query: str, *args: Any, **kw: Any):
+        return await self._retrying("statement", lambda: self._pool.fetchrow(query, *args, **kw))
 
-    async def fetchval(self, query: str, *args: Any, column: int = 0,
-                       timeout: float | None = None):
-        return await self._retrying(
-            "statement",
-            lambda: self._pool.fetchval(query, *args, column=column, timeout=timeout))
+    async def fetchval(self, query: str, *args: Any, **kw: Any):
+        return await self._retrying("statement", lambda: self._pool.fetchval(query, *args, **kw))
 
     async def run_in_transaction(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *,
                                  isolation: str | None = None) -> T:
