@@ -3,12 +3,15 @@
 * lease churn (claims, renewals, lease expiries, leases lost),
 * fencing (fenced writes rejected),
 * delivery health (unacknowledged deliveries, delivery outcomes, durations),
-* operator attention (outcome-unknown steps, parked executions),
+* evidence (late observations of stale holders, integrity conflicts among them),
+* operator attention (executions waiting for a decision on an outcome-unknown
+  step, parked executions, executions with integrity conflicts),
 * queue (executions by status, oldest due age).
 
 Worker-side counters live in this process's registry and are served on
 `fencepost worker --metrics-port`. Database-wide gauges are read when the
-API's `/metrics` is scraped, with index-only queries over unfinished rows.
+API's `/metrics` is scraped, over unfinished rows, each counted as reads
+report it (the healed view: an expired lease as the reaper will leave it).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ class ProcessMetrics:
             "fencepost_leases_lost", "Leases found lost (renewal or fenced write).", registry=r
         )
         self.lease_expiries = Counter(
-            "fencepost_lease_expiries", "Expired leases ended by this process's reaper.",
+            "fencepost_lease_expiries",
+            "Leases that expired unacknowledged, ended by this process: by its reaper, or "
+            "taken over by one of its claims (claim_due on an expired lease).",
             registry=r,
         )
         self.fenced_writes_rejected = Counter(
@@ -43,6 +48,16 @@ class ProcessMetrics:
         self.unacknowledged_deliveries = Counter(
             "fencepost_unacknowledged_deliveries",
             "Deliveries this process ended without an acknowledgement (release).", registry=r,
+        )
+        self.late_observations = Counter(
+            "fencepost_late_observations",
+            "Results a stale holder saw after its lease was lost, kept as a late observation "
+            "(evidence, never applied).", registry=r,
+        )
+        self.integrity_conflicts = Counter(
+            "fencepost_integrity_conflicts",
+            "Late observations that differ from what was recorded for the same step or "
+            "outcome (an integrity conflict; the recorded value stands).", registry=r,
         )
         self.deliveries = Counter(
             "fencepost_deliveries", "Deliveries by how they ended.", ["outcome"], registry=r
@@ -89,8 +104,14 @@ async def render_database_metrics(store: ExecutionStore) -> bytes:
         by_status,
         parked,
         GaugeMetricFamily("fencepost_outcome_unknown_steps",
-                          "Effect steps whose outcome is unknown, awaiting an operator.",
+                          "Steps whose outcome is unknown in executions parked awaiting an "
+                          "operator's decision (one per execution); resolved or ended "
+                          "executions do not count.",
                           value=snap["outcome_unknown"]),
+        GaugeMetricFamily("fencepost_executions_with_integrity_conflicts",
+                          "Executions with at least one integrity conflict (a late "
+                          "observation that differs from what was recorded).",
+                          value=snap["integrity_conflicts"]),
         GaugeMetricFamily("fencepost_executions_with_unacknowledged_deliveries",
                           "Unfinished executions whose last delivery ended unacknowledged.",
                           value=snap["unacknowledged_executions"]),

@@ -96,6 +96,10 @@ class ExecutionSummary(Camel):
     cancel_requested_at: datetime | None
     parent_execution_id: str | None = None
     parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
+    integrity_conflicts: int = Field(
+        0, description="Late observations of stale holders that differ from what was recorded "
+        "(the recorded value stands); see the events of kind integrity_conflict.",
+    )
     blocked_by: dict[str, Any] | None = Field(
         None, description="Why it is not moving: reason ("
         + ", ".join(r for r in REASONS if r != "none")
@@ -177,6 +181,7 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
         "deadline": row["deadline"],
         "cancelRequestedAt": row["cancel_requested_at"],
         "parentExecutionId": row["parent_execution_id"],
+        "integrityConflicts": row["integrity_conflicts"],
         "parked": (
             {"reason": row["parked_reason"], "step": row["parked_step"]}
             if row["status"] == "parked" else None

@@ -62,6 +62,15 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class Interrupt:
+    """A renewal's word to a holder that must stop: `kind` "cancel" or
+    "deadline", and `remaining` seconds until its (no longer extended) lease lapses."""
+
+    kind: str
+    remaining: float
+
+
+@dataclass(frozen=True)
 class Admitted:
     execution_id: str
     status: str
@@ -181,7 +190,7 @@ def record_columns(threshold: int) -> str:
     execution_id, workflow_id, params, context, code_version,
     admitted_at, updated_at, token, deadline, cancel_requested_at,
     ever_suspended, waiting_on, cancel_requested_by, admitted_by,
-    parent_execution_id,
+    parent_execution_id, integrity_conflicts,
     {_EXPIRED} AS lease_expired,
     {healed_status_sql(threshold)} AS status,
     CASE {settled} WHEN 'cancelled' THEN {cancelled} WHEN 'timed_out' THEN {timed_out}

@@ -81,6 +81,10 @@ class WorkerStatements:
                 self.redelivery_base,
                 self.redelivery_cap,
             )
+            # Terminal executions too: a conflict stays worth knowing about.
+            conflicted = await conn.fetchval(
+                "SELECT count(*) FROM executions WHERE integrity_conflicts > 0"
+            )
         by_status: dict[str, int] = {}
         parked: dict[str, int] = {}
         oldest = 0.0
@@ -100,4 +104,5 @@ class WorkerStatements:
             "unacknowledged_executions": sum(r["unacked"] for r in rows),
             "unacknowledged_sum": int(sum(r["unacked_sum"] for r in rows)),
             "oldest_due_age": oldest,
+            "integrity_conflicts": int(conflicted),
         }

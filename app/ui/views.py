@@ -210,6 +210,7 @@ EVENT_WORDS: dict[str, str] = {
     "cancel_requested": "cancel requested",
     "cancelled": "cancelled",
     "timed_out": "timed out: the deadline passed",
+    "integrity_conflict": "integrity conflict: a stale holder saw a different result",
 }
 
 
