@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.json_body import BodyError, error_body
-from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
+from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure, is_retryable_conflict
 
 log = logging.getLogger("fencepost.api")
 
@@ -101,10 +101,14 @@ def install_error_handlers(app: FastAPI) -> None:
 def database_unavailable(exc: BaseException) -> JSONResponse:
     """503 DATABASE_UNAVAILABLE with Retry-After, for an infrastructure error."""
     log.warning("database unavailable: %s: %s", type(exc).__name__, exc)
+    if is_retryable_conflict(exc):  # the store already retried it a few times
+        what = "the request kept conflicting with concurrent requests"
+    else:
+        what = "the database is unavailable"
     return error_response(
         503,
         "DATABASE_UNAVAILABLE",
-        f"the database is unavailable; retry after {RETRY_AFTER_SECONDS} seconds",
+        f"{what}; retry after {RETRY_AFTER_SECONDS} seconds",
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )
 

@@ -152,7 +152,8 @@ async def test_a_conflict_that_persists_is_503_after_bounded_attempts(
     started = time.perf_counter()
     r = await client.post("/v1/executions/e1/wakes")
     elapsed = time.perf_counter() - started
-    assert_error(r, 503, "DATABASE_UNAVAILABLE")
+    error = assert_error(r, 503, "DATABASE_UNAVAILABLE")
+    assert "conflicting with concurrent requests; retry after" in error["message"]
     assert int(r.headers["retry-after"]) > 0
     assert await pool.fetchval("SELECT last_value FROM test_attempts") == DEFAULT_ATTEMPTS
     api_pool = client.app.state.store.pool
