@@ -64,10 +64,14 @@ class ComposeStatements:
         """Run `fn(conn, *args)` inside the transaction that checks the token
         and records the step's receipt: both commit, or neither does.
 
-        FOR SHARE on the execution row is held for the whole transaction: a
-        claim that committed first makes the token check fail (LeaseLost,
-        rolled back before `fn` runs); a claim that comes later skips the
-        row until this transaction has committed, and then finds the receipt.
+        FOR KEY SHARE on the execution row is held for the whole transaction:
+        a claim that committed first makes the token check fail (LeaseLost,
+        rolled back before `fn` runs); a claim (FOR UPDATE, like the reaper
+        and cancellation) that comes later skips or waits for the row until
+        this transaction has committed, and then finds the receipt. The
+        weakest lock that does this: renewals (FOR NO KEY UPDATE) and
+        signals still update the row meanwhile, so a transaction longer than
+        the lease keeps its lease.
         A receipt already present returns the recorded result; `fn` does not run.
         """
         async with self.pool.acquire() as conn:
@@ -77,7 +81,7 @@ class ComposeStatements:
                         f"""
                         SELECT {INTERRUPT_SQL} FROM executions
                         WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                        FOR SHARE
+                        FOR KEY SHARE
                         """,
                         lease.execution_id,
                         lease.token,
