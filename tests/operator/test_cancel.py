@@ -5,6 +5,7 @@ In-process workers (tests/operator/conftest.py) and the store directly."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import asyncpg
 import httpx
@@ -21,6 +22,7 @@ from tests.operator.helpers import (
     record,
     wait_status,
 )
+from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,49 +132,129 @@ async def _check_race(store: ExecutionStore, eid: str, cancel: httpx.Response) -
 
 async def test_cancel_racing_the_holders_completed_acknowledgement(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
+    """Rounds of 30 races at once (more rounds, up to 10, while one side has
+    never won): each side must win some race."""
     n = 30
-    eids = [await admit(store, "op-quick", f"race-{i}") for i in range(n)]
-    deliveries = {d.lease.execution_id: d for d in await store.claim_due(n, 30, "racer")}
-    assert sorted(deliveries) == sorted(eids)
+    rng = random.Random(4)
+    outcomes = Outcomes("cancel", "ack")
+    for r in outcomes.rounds(1, 10):
+        eids = [await admit(store, "op-quick", f"race-{r}-{i}") for i in range(n)]
+        deliveries = {d.lease.execution_id: d for d in await store.claim_due(n, 30, "racer")}
+        assert sorted(deliveries) == sorted(eids)
 
-    async def ack(eid: str):
-        return await store.acknowledge(deliveries[eid].lease, "completed", result={"ok": True})
+        async def ack(eid: str, deliveries=deliveries, delay: float = 0.0):
+            await asyncio.sleep(delay)
+            return await store.acknowledge(deliveries[eid].lease, "completed",
+                                           result={"ok": True})
 
-    async def cancel(eid: str):
-        return await api.post(f"/v1/executions/{eid}/cancel")
+        async def cancel(eid: str):
+            return await api.post(f"/v1/executions/{eid}/cancel")
 
-    async def race(i: int, eid: str):
-        if i % 2:
-            acked, answer = await asyncio.gather(ack(eid), cancel(eid))
-        else:
-            answer, acked = await asyncio.gather(cancel(eid), ack(eid))
-        return acked, answer
+        async def race(i: int, eid: str):
+            # The cancel goes through the HTTP stack: the acknowledgement
+            # starts first, with it, or up to 3 ms later.
+            delay = (0.0, 0.0, rng.uniform(0, 0.003))[i % 3]
+            if i % 2:
+                acked, answer = await asyncio.gather(ack(eid, delay=delay), cancel(eid))
+            else:
+                answer, acked = await asyncio.gather(cancel(eid), ack(eid, delay=delay))
+            return acked, answer
 
-    results = await asyncio.gather(*(race(i, eid) for i, eid in enumerate(eids)))
-    winners = []
-    for eid, (acked, answer) in zip(eids, results, strict=True):
-        winner = await _check_race(store, eid, answer)
-        # The holder is told what was recorded.
-        assert acked.status == ("cancelled" if winner == "cancel" else "completed"), acked
-        winners.append(winner)
-    print("race winners:", {w: winners.count(w) for w in set(winners)})
+        results = await asyncio.gather(*(race(i, eid) for i, eid in enumerate(eids)))
+        for eid, (acked, answer) in zip(eids, results, strict=True):
+            winner = await _check_race(store, eid, answer)
+            # The holder is told what was recorded.
+            assert acked.status == ("cancelled" if winner == "cancel" else "completed"), acked
+            outcomes.add(winner, eid)
+    outcomes.assert_each("cancel vs the holder's completed acknowledgement", unit="races")
+
+
+@pytest.mark.parametrize("first", ["ack", "cancel"])
+async def test_cancel_and_the_holders_acknowledgement_queued_on_the_row_in_each_order(
+        store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient, first: str) -> None:
+    """The race above with both statements in flight at once, forced: a
+    third connection holds the row; the first racer is seen waiting for it,
+    then the second; Postgres hands the row over in that order."""
+    eid = await admit(store, "op-quick", f"queued-{first}")
+    [d] = await store.claim_due(1, 30, "racer")
+
+    def ack():
+        return asyncio.create_task(store.acknowledge(d.lease, "completed", result={"ok": True}))
+
+    def cancel():
+        return asyncio.create_task(api.post(f"/v1/executions/{eid}/cancel"))
+
+    async with RowLock(pool, eid) as lock:
+        one = ack() if first == "ack" else cancel()
+        await until_waiting(pool, 1, "row", what=f"the {first} waits for the row", also=one.done)
+        two = cancel() if first == "ack" else ack()
+        await until_waiting(pool, 2, "row", what="the other waits too", also=two.done)
+        assert not one.done() and not two.done()
+        await lock.release()
+    acked, answer = (await one, await two) if first == "ack" else (await two, await one)
+
+    assert await _check_race(store, eid, answer) == first
+    assert acked.status == ("cancelled" if first == "cancel" else "completed"), acked
 
 
 async def test_cancel_racing_completion_with_a_worker(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
+    """The step returns (the holder writes it, then acknowledges) while the
+    cancel arrives: whoever wins, the answers and the history agree. Which
+    one wins is left to chance here; each order is forced in the next test."""
     await workers.start(concurrency=12)
     eids = [await admit(store, "op-quick", f"wrace-{i}") for i in range(10)]
     for eid in eids:
         await asyncio.wait_for(flows.STARTED[eid].wait(), 10)
 
-    async def race(eid: str) -> httpx.Response:
+    rng = random.Random(10)
+
+    async def race(i: int, eid: str) -> httpx.Response:
         flows.GATES[eid].set()  # the step returns; the holder is about to acknowledge
+        await asyncio.sleep(rng.uniform(0, 0.02) if i % 2 else 0.0)
         return await api.post(f"/v1/executions/{eid}/cancel")
 
-    answers = await asyncio.gather(*(race(eid) for eid in eids))
+    answers = await asyncio.gather(*(race(i, eid) for i, eid in enumerate(eids)))
+    winners = Outcomes("cancel", "ack")
     for eid, answer in zip(eids, answers, strict=True):
         await wait_status(store, eid, "completed", "cancelled")
-        await _check_race(store, eid, answer)
+        winners.add(await _check_race(store, eid, answer), eid)
+    print(f"\ncancel vs a worker's completion, by chance: {winners.summary()}")
+
+
+@pytest.mark.parametrize("first", ["ack", "cancel"])
+async def test_cancel_racing_completion_with_a_worker_in_each_order(
+        store: ExecutionStore, pool: asyncpg.Pool, workers, api: httpx.AsyncClient,
+        first: str) -> None:
+    """Each order forced with a StatementGate. The worker's acknowledgement
+    first: held mid-statement with the row locked while the cancel arrives
+    and waits for it (then answers 409, completed). The cancel first: held
+    mid-statement while the step returns and the holder's fenced step write
+    waits for the row (then the holder learns of the cancel and ends it)."""
+    await workers.start()
+    eid = await admit(store, "op-quick", f"wrace-forced-{first}")
+    await asyncio.wait_for(flows.STARTED[eid].wait(), 10)
+    kind = "acknowledged" if first == "ack" else "cancel_requested"
+    async with StatementGate(pool, "execution_events",
+                             f"NEW.kind = '{kind}' AND NEW.execution_id = '{eid}'") as gate:
+        if first == "ack":
+            flows.GATES[eid].set()
+            await gate.until_held()  # the holder's acknowledgement, row locked
+            cancel = asyncio.create_task(api.post(f"/v1/executions/{eid}/cancel"))
+            await until_waiting(pool, 1, "row", what="the cancel behind the acknowledgement",
+                                also=cancel.done)
+        else:
+            cancel = asyncio.create_task(api.post(f"/v1/executions/{eid}/cancel"))
+            await gate.until_held(also=cancel.done)  # the cancel request, row locked
+            flows.GATES[eid].set()
+            await until_waiting(pool, 1, "row", query="execution_steps",
+                                what="the holder's step write behind the cancel",
+                                also=cancel.done)
+        assert not cancel.done()
+        await gate.open()
+        answer = await cancel
+    await wait_status(store, eid, "completed", "cancelled")
+    assert await _check_race(store, eid, answer) == first
 
 
 async def test_stale_holder_cannot_acknowledge_after_a_cancel(

@@ -51,24 +51,28 @@ async def wait_until(condition: Callable[[], Awaitable[Any]], *, what: str,
         await asyncio.sleep(interval)
 
 
-async def lock_waiters(pool: asyncpg.Pool, kind: str = "any") -> int:
+async def lock_waiters(pool: asyncpg.Pool, kind: str = "any", query: str | None = None) -> int:
     """Sessions of this database waiting for a lock: kind "advisory" (a
-    StatementGate), "row" (another transaction's row lock) or "any"."""
+    StatementGate), "row" (another transaction's row lock) or "any"; only
+    those whose statement contains `query`, if given."""
     events: tuple[str, ...] | None = {
         "advisory": ("advisory",), "row": _ROW_LOCK_EVENTS, "any": None}[kind]
     return await pool.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND ($1::text[] IS NULL OR wait_event = ANY($1::text[]))",
-        list(events) if events else None)
+        "AND wait_event_type = 'Lock' AND ($1::text[] IS NULL OR wait_event = ANY($1::text[])) "
+        "AND ($2::text IS NULL OR strpos(query, $2) > 0)",
+        list(events) if events else None, query)
 
 
 async def until_waiting(pool: asyncpg.Pool, n: int, kind: str = "any", *,
-                        what: str, also: Callable[[], bool] | None = None) -> None:
-    """Wait until `n` sessions wait for a lock of `kind` (or `also()` is
-    true, e.g. the task already finished: the caller then asserts on it)."""
+                        what: str, also: Callable[[], bool] | None = None,
+                        query: str | None = None) -> None:
+    """Wait until `n` sessions wait for a lock of `kind` (running a statement
+    that contains `query`, if given), or `also()` is true (e.g. the task
+    already finished: the caller then asserts on it)."""
 
     async def check() -> bool:
-        return bool(also and also()) or await lock_waiters(pool, kind) >= n
+        return bool(also and also()) or await lock_waiters(pool, kind, query) >= n
 
     await wait_until(check, what=f"{n} session(s) waiting for a {kind} lock: {what}")
 
@@ -106,11 +110,11 @@ class Outcomes:
     def summary(self) -> str:
         return ", ".join(f"{o}: {self.counts[o]}" for o in self.allowed)
 
-    def assert_each(self, what: str) -> Counter[str]:
+    def assert_each(self, what: str, unit: str = "rounds") -> Counter[str]:
         """Every allowed outcome occurred at least once."""
-        print(f"\n{what}, {self.total} rounds: {self.summary()}")
+        print(f"\n{what}, {self.total} {unit}: {self.summary()}")
         assert not self.missing, (
-            f"{what}: over {self.total} rounds the interleaving(s) {self.missing} never "
+            f"{what}: over {self.total} {unit} the interleaving(s) {self.missing} never "
             f"happened ({self.summary()})")
         return self.counts
 
