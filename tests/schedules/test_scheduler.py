@@ -20,6 +20,7 @@ from app.db import create_pool
 from app.scheduler import Scheduler
 from app.store import ExecutionStore, ScheduleTurn
 from tests.schedules.conftest import WORKFLOWS
+from tests.support.races import StatementGate
 
 
 def utc(*args) -> datetime:
@@ -79,6 +80,9 @@ async def test_three_workers_admit_each_slot_once(settings, pool, make_schedule,
     rng = random.Random(7)
     admitted: Counter[str] = Counter()
     conflicts = 0
+    # Slots one scheduler admitted and another was refused in the same round:
+    # their evaluations of the schedule overlapped.
+    overlapping = 0
     async with worker_stores(settings, 3, store_class) as stores:
         schedulers = [Scheduler(s, WORKFLOWS, catch_up_default=1, interval=1) for s in stores]
         for _ in range(12):
@@ -93,7 +97,17 @@ async def test_three_workers_admit_each_slot_once(settings, pool, make_schedule,
             for p in passes:
                 admitted.update(p.admitted)
                 conflicts += len(p.conflicts)
+            this_round = {slot for p in passes for slot in p.admitted}
+            overlapping += sum(slot in this_round for p in passes for slot in p.conflicts)
+    print(f"\n{store_class.__name__}: {len(admitted)} slots admitted, {conflicts} refused, "
+          f"{overlapping} of them in overlapping evaluations")
     assert admitted and max(admitted.values()) == 1, admitted.most_common(3)
+    if store_class is UnlockedStore:
+        # The evaluations really overlapped, and only the unique ID saved the slot.
+        assert overlapping > 0
+    else:
+        # The row lock: a worker evaluates after another's turn, never during it.
+        assert overlapping == 0
     assert await executions_of("five") == ids("five", "*/5 * * * *", "UTC", earliest["five"],
                                               await last_slot(pool, "five"))
     assert await executions_of("daily") == ids("daily", "0 0 * * *", "Europe/Warsaw",
@@ -116,6 +130,32 @@ async def test_row_lock_lets_one_worker_evaluate_a_schedule_at_a_time(
     assert sum(p.evaluated for p in passes) >= 1
     assert sum(len(p.admitted) for p in passes) == len(await executions_of("s")) >= 5
     assert sum(len(p.conflicts) for p in passes) == 0
+
+
+async def test_a_worker_arriving_during_anothers_turn_passes_over_the_schedule(
+        settings, pool, make_schedule, set_last_slot, executions_of):
+    """The interleaving the row lock is for, forced: worker 1's turn is held
+    mid-admission (a StatementGate on the slot's insert) while workers 2 and
+    3 run a whole pass. They find the schedule locked and pass over it
+    (nothing evaluated, admitted or refused); worker 1 then admits every
+    slot, and a pass after its turn finds nothing left."""
+    await make_schedule("s", "0 * * * *", catch_up=1000)
+    await set_last_slot("s", "date_trunc('hour', now()) - interval '5 hours'")
+    async with worker_stores(settings, 3) as stores:
+        first, *others = [Scheduler(s, WORKFLOWS, interval=1) for s in stores]
+        async with StatementGate(pool, "executions",
+                                 "NEW.context->>'scheduleId' = 's'") as gate:
+            turn = asyncio.create_task(first.run_once())
+            await gate.until_held(also=turn.done)
+            during = await asyncio.gather(*(o.run_once() for o in others))
+            assert not turn.done()
+            await gate.open()
+            held = await turn
+        after = await asyncio.gather(*(o.run_once() for o in others))
+    assert [(p.evaluated, p.admitted, p.conflicts) for p in during] == [(0, [], [])] * 2
+    assert held.evaluated == 1 and not held.conflicts
+    assert sorted(held.admitted) == await executions_of("s") and len(held.admitted) >= 5
+    assert [(p.admitted, p.conflicts) for p in after] == [([], [])] * 2
 
 
 async def test_a_crash_between_admission_and_advance_refires_nothing(
