@@ -42,6 +42,8 @@ class WorkflowDefinition:
     # Recorded on each execution admitted under it (`codeVersion`), so an
     # operator can tell which code a stuck or failed execution started with.
     version: str | None = None
+    # Default bound of each step attempt (seconds); `ctx.step(timeout=)` overrides.
+    step_timeout: float | None = None
 
     def parse_params(self, raw: Any) -> Any:
         """The value handed to workflow code: a model instance when declared."""
@@ -59,9 +61,11 @@ class WorkflowRegistrationError(ValueError):
 
 def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timeout: float | timedelta | None = None, schedule: str | None = None,
-             timezone: str | None = None, version: str | None = None):
+             timezone: str | None = None, version: str | None = None,
+             step_timeout: float | timedelta | None = None):
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
+    `step_timeout`: the default bound of each step attempt (StepTimeout past it).
     `schedule`: a five-field cron expression (see app.cron) evaluated in
     `timezone` (IANA name, default UTC); workers running this workflow admit
     each slot once, as `{workflow_id}:{slot in UTC}`, with params {}."""
@@ -75,6 +79,12 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
     timeout_seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise WorkflowRegistrationError(f"timeout= of {workflow_id!r} must be positive")
+
+    step_timeout_seconds = (
+        step_timeout.total_seconds() if isinstance(step_timeout, timedelta) else step_timeout
+    )
+    if step_timeout_seconds is not None and not step_timeout_seconds > 0:
+        raise WorkflowRegistrationError(f"step_timeout= of {workflow_id!r} must be positive")
 
     if schedule is not None or timezone is not None:
         _check_schedule(workflow_id, params, schedule, timezone)
@@ -95,6 +105,7 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
         _registry[workflow_id] = WorkflowDefinition(
             workflow_id, fn, params, fn.__module__, timeout_seconds,
             schedule=schedule, timezone=timezone, version=version,
+            step_timeout=step_timeout_seconds,
         )
         return fn
 

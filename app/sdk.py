@@ -11,6 +11,8 @@ must be stable across code versions: never derive them from a counter.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import json
 import random
@@ -22,7 +24,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from app.dberrors import INFRASTRUCTURE_ERRORS
+from app.dberrors import is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition, workflow
 from app.store import (
@@ -47,6 +49,7 @@ __all__ = [
     "OutcomeUnknown",
     "NOT_FOUND",
     "ChildFailed",
+    "StepTimeout",
 ]
 
 
@@ -67,6 +70,19 @@ class StepFailed(Exception):
         self.error_name = error.get("name", "Error")
         self.error_message = error.get("message", "")
         super().__init__(f"step {step_key!r} failed: {self.error_name}: {self.error_message}")
+
+
+class StepTimeout(Exception):
+    """An attempt of a step ran longer than its timeout (`ctx.step(timeout=)`
+    or `@workflow(step_timeout=)`). Raised into the step's retry policy like any
+    failure. An async function is cancelled; a sync function's thread cannot be
+    killed, so it is abandoned: its late result is kept only as a late
+    observation."""
+
+    def __init__(self, step_key: str, seconds: float):
+        self.step_key = step_key
+        self.seconds = seconds
+        super().__init__(f"step {step_key!r} did not finish within {seconds:g} s")
 
 
 class SignalTimeout(TimeoutError):
@@ -171,8 +187,16 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 
 
 
+# An error message is kept whole up to this many characters (a bound, so an
+# exception carrying a huge payload cannot make the outcome unstorable).
+ERROR_MESSAGE_CHARS = 4000
+
+
 def error_of(exc: BaseException) -> dict:
-    return {"name": type(exc).__name__, "message": str(exc)}
+    message = str(exc)
+    if len(message) > ERROR_MESSAGE_CHARS:
+        message = message[:ERROR_MESSAGE_CHARS] + f"... ({len(message)} characters)"
+    return {"name": type(exc).__name__, "message": message}
 
 
 def _function_name(fn: Callable) -> str:
@@ -182,10 +206,24 @@ def _function_name(fn: Callable) -> str:
 
 def json_problem(value: Any) -> str | None:
     """Why `value` is not a JSON value Postgres can store exactly, or None."""
+    problem = value_problem(value, None)
+    return problem[1] if problem else None
+
+
+def value_problem(value: Any, max_bytes: int | None) -> tuple[str, str] | None:
+    """(kind, why) when `value` cannot be recorded: kind "not-json" (not a JSON
+    value Postgres can store exactly) or "too-large" (its JSON is over
+    `max_bytes`, FENCEPOST_MAX_PAYLOAD_BYTES); None when it can."""
     try:
-        json.dumps(value, allow_nan=False)
+        encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return str(exc)
+        return "not-json", str(exc)
+    if max_bytes is not None and len(encoded) > max_bytes // 4 and (
+        size := len(encoded.encode())
+    ) > max_bytes:
+        return "too-large", (f"its JSON is {size} bytes, over the limit of {max_bytes} "
+                             "(FENCEPOST_MAX_PAYLOAD_BYTES); store large data elsewhere "
+                             "and record a reference")
     return None
 
 
@@ -203,6 +241,8 @@ class WorkflowContext:
         definition: WorkflowDefinition,
         params: Any,
         workflows: dict[str, WorkflowDefinition] | None = None,
+        *,
+        max_payload_bytes: int | None = None,
     ):
         self._store = store
         self._workflows = workflows or {}
@@ -222,13 +262,31 @@ class WorkflowContext:
         # raised into the workflow once, at its next step.
         self.interrupt: str | None = None
         self._interrupt_raised = False
+        # The latch: once set (the lease was lost, the database failed, the
+        # worker stopped the delivery), every ctx call raises DeliveryStopped
+        # before running anything, `finally:` blocks included.
+        self.stopped: str | None = None
+        self.lease_lost = False
+        self._max_payload_bytes = max_payload_bytes
+        self._step_timeout = definition.step_timeout
 
     def notice(self, interrupt: str | None) -> None:
         """Record an interrupt (from a fenced write's answer or a renewal)."""
         if interrupt and self.interrupt is None:
             self.interrupt = interrupt
 
-    def _raise_interrupt(self) -> None:
+    def stop(self, reason: str, *, lease_lost: bool = False) -> None:
+        """Latch the delivery stopped: no user function runs and no write is
+        sent for it from now on."""
+        if self.stopped is None:
+            self.stopped = reason
+        self.lease_lost = self.lease_lost or lease_lost
+
+    def _gate(self) -> None:
+        """At every ctx call: stop if the delivery is stopped; raise a pending
+        cancel or deadline into the workflow once."""
+        if self.stopped is not None:
+            raise DeliveryStopped(self.stopped)
         if self.interrupt and not self._interrupt_raised:
             self._interrupt_raised = True
             if self.interrupt == "cancel":
@@ -238,33 +296,72 @@ class WorkflowContext:
     # ------------------------------------------------------------------ steps
 
     async def step(self, key: str, fn: Callable, *args: Any, retry: RetryPolicy | None = None,
-                   **kwargs: Any) -> Any:
-        """Run `fn` once and record its JSON result; on replay return the record."""
-        self._raise_interrupt()
+                   timeout: float | timedelta | None = None, **kwargs: Any) -> Any:
+        """Run `fn` once and record its JSON result; on replay return the record.
+        `timeout` (default: the workflow's `step_timeout`) bounds each attempt:
+        an attempt that overruns raises StepTimeout into the retry policy."""
+        self._gate()
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
             return self._replay(recorded)
         policy = retry or NO_RETRY
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if limit is None:
+            limit = self._step_timeout
         attempt = 0
         while True:
             attempt += 1
             started = time.perf_counter()
             try:
-                value = await _call(fn, args, kwargs)
+                value = await self._attempt(key, fn, args, kwargs, limit)
             except Retry:
                 raise
             except Exception as exc:
                 METRICS.step_seconds.observe(time.perf_counter() - started)
-                if policy.retries(exc, attempt) and await self._retry_fits(key, policy.delay(attempt)):
+                if policy.retries(exc, attempt):
+                    await self._before_retry(key, policy.delay(attempt))
                     continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             METRICS.step_seconds.observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
 
+    async def _attempt(self, key: str, fn: Callable, args: tuple, kwargs: dict,
+                       limit: float | None) -> Any:
+        """One call of a step function, bounded by `limit` seconds (StepTimeout)."""
+        if limit is None:
+            return await _call(fn, args, kwargs)
+        if inspect.iscoroutinefunction(fn):
+            try:
+                async with asyncio.timeout(limit) as bound:
+                    return await fn(*args, **kwargs)
+            except TimeoutError:
+                if bound.expired():
+                    raise StepTimeout(key, limit) from None
+                raise  # the function's own TimeoutError
+        # A thread cannot be killed: past the limit it is abandoned, and what
+        # it returns later is kept only as a late observation.
+        run = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        thread = asyncio.get_running_loop().run_in_executor(None, run)
+        done, _ = await asyncio.wait({thread}, timeout=limit)
+        if not done:
+            thread.add_done_callback(functools.partial(self._abandoned_step_ended, key))
+            raise StepTimeout(key, limit)
+        value = thread.result()
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    def _abandoned_step_ended(self, key: str, thread: asyncio.Future) -> None:
+        if thread.cancelled():
+            return
+        exc = thread.exception()
+        value, error = (None, error_of(exc)) if exc is not None else (thread.result(), None)
+        _in_background(self._observe_late(key, value, error))
+
     async def effect(self, key: str, fn: Callable, *args: Any, idempotency_key: str | None = None,
                      idempotent: bool = False, reconcile: Callable | None = None,
-                     **kwargs: Any) -> Any:
+                     transport_errors_unknown: bool = True, **kwargs: Any) -> Any:
         """Call something outside the database whose outcome must not be
         guessed. The attempt and its request identity (`idempotency_key`,
         default "{execution_id}:{key}") are persisted before `fn` is called as
@@ -273,8 +370,12 @@ class WorkflowContext:
         result calls again with the same key if `idempotent`, asks
         `reconcile(KEY)` (which returns the result, or NOT_FOUND) if given,
         and otherwise parks the execution until an operator resolves the step.
-        Raise OutcomeUnknown from `fn` when it cannot tell what happened."""
-        self._raise_interrupt()
+        Raise OutcomeUnknown from `fn` when it cannot tell what happened.
+        A transport error (OSError, ConnectionError, TimeoutError) raised by
+        `fn` is an unknown outcome too — the request may have reached the
+        remote side — unless `transport_errors_unknown=False`; any other
+        exception is the remote side's known answer (a failed step)."""
+        self._gate()
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
@@ -285,7 +386,7 @@ class WorkflowContext:
             key,
         )
         self.notice(attempt.interrupt)
-        self._raise_interrupt()  # cancelled or past the deadline: do not call out
+        self._gate()  # cancelled or past the deadline: do not call out
         ikey = attempt.idempotency_key  # the identity first persisted stands
         attempts = attempt.attempts
         if not attempt.fresh:
@@ -302,19 +403,20 @@ class WorkflowContext:
             attempts += 1
         call = asyncio.ensure_future(_call(fn, args, {**kwargs, "idempotency_key": ikey}))
         try:
-            # Shielded: if the delivery is stopped mid-call (its lease lost),
-            # what the remote side answers is still kept, as evidence.
+            # Shielded: if the delivery is stopped mid-call, what the remote
+            # side answers is still kept (see _effect_answer_after_stop).
             value = await asyncio.shield(call)
         except asyncio.CancelledError:
-            await self._keep_evidence(key, call)
+            await self._effect_answer_after_stop(key, name, attempts, call,
+                                                 transport_errors_unknown)
             raise
-        except OutcomeUnknown:
-            if idempotent or reconcile is not None:
-                raise Retry(f"effect {key!r}: outcome unknown; the next delivery settles it") from None
-            raise Park(key) from None
         except Retry:
             raise
         except Exception as exc:
+            if _outcome_unknown(exc, transport_errors_unknown):
+                if idempotent or reconcile is not None:
+                    raise Retry(f"effect {key!r}: outcome unknown; the next delivery settles it") from None
+                raise Park(key) from None
             # The remote side answered with an error: a known outcome.
             return self._settled(await self._record(key, name, attempts, error=error_of(exc)))
         return self._settled(await self._record_value(key, name, attempts, value))
@@ -327,7 +429,7 @@ class WorkflowContext:
         holder is rolled back (LeaseLost) before it can commit anything. On
         replay the recorded result is returned and `fn` does not run. This is
         the exactly-once path for data in fencepost's own Postgres."""
-        self._raise_interrupt()
+        self._gate()
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"transaction {key!r}: fn must be an async function taking a connection")
         name = _function_name(fn)
@@ -335,18 +437,29 @@ class WorkflowContext:
         if recorded is not None:
             return self._replay(recorded)
         policy = retry or NO_RETRY
-        attempt = 0
+        attempt = conflicts = 0
         while True:
             attempt += 1
             try:
                 record = await self._fenced(
                     self._store.transaction_step(self._lease, key, fn, args, function_name=name,
-                                                 attempts=attempt, check_value=json_problem),
+                                                 attempts=attempt, check_value=self._value_problem),
                     key,
                 )
             except TransactionFailed as failed:
                 exc = failed.cause
-                if policy.retries(exc, attempt) and await self._retry_fits(key, policy.delay(attempt)):
+                if is_retryable_conflict(exc) and conflicts < TRANSACTION_CONFLICT_RETRIES:
+                    # The user's own SQL met a serialization failure or a
+                    # deadlock: the transaction rolled back whole; run it again.
+                    conflicts += 1
+                    await asyncio.sleep(random.uniform(0.005, 0.05) * conflicts)
+                    self._gate()
+                    continue
+                if is_infrastructure(exc) and not is_retryable_conflict(exc):
+                    self.stop(f"database unavailable at step {key!r}: {exc}")
+                    raise DeliveryStopped(self.stopped) from exc
+                if policy.retries(exc, attempt - conflicts):
+                    await self._before_retry(key, policy.delay(attempt - conflicts))
                     continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             except InvalidEvent as exc:
@@ -360,7 +473,7 @@ class WorkflowContext:
         its ID (default "{execution_id}:{key}") and the link to this step are
         the receipt. Returns the child's execution ID. An `execution_id` taken
         by an unrelated execution fails the step (StepFailed, ExecutionIdConflict)."""
-        self._raise_interrupt()
+        self._gate()
         recorded = self._take(key, f"child:{workflow_id}")
         if recorded is not None:
             return self._replay(recorded)
@@ -393,7 +506,7 @@ class WorkflowContext:
         """The child's result once it has ended (recorded as step `key`); the
         delivery suspends until then (the child's end wakes this execution).
         A child that failed, was cancelled or timed out raises ChildFailed."""
-        self._raise_interrupt()
+        self._gate()
         recorded = self._take(key, "child-wait")
         if recorded is None:
             status, outcome = await self._fenced(self._store.child_status(child_id), key)
@@ -419,7 +532,7 @@ class WorkflowContext:
     async def sleep(self, key: str, duration: float | timedelta) -> None:
         """A durable timer: the wake time (database clock) is recorded as step
         `key`; the delivery suspends and a later one continues once it is due."""
-        self._raise_interrupt()
+        self._gate()
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
         if seconds < 0:
             raise ValueError(f"sleep {key!r}: duration must not be negative")
@@ -428,7 +541,7 @@ class WorkflowContext:
     async def sleep_until(self, key: str, when: datetime) -> None:
         if when.tzinfo is None:
             raise ValueError(f"sleep_until {key!r}: give a timezone-aware datetime")
-        self._raise_interrupt()
+        self._gate()
         await self._timer(key, until=when)
 
     async def wait_for_signal(self, name: str, timeout: float | timedelta | None = None, *,
@@ -437,7 +550,7 @@ class WorkflowContext:
         it through a fenced step (`key`, default `signal:{name}`). With no
         signal pending, the delivery suspends until one arrives; past
         `timeout`, raises SignalTimeout (recorded, so replays agree)."""
-        self._raise_interrupt()
+        self._gate()
         key = key or f"signal:{name}"
         fname = f"signal:{name}"
         timer_key = f"{key}:timeout"
@@ -490,44 +603,75 @@ class WorkflowContext:
             raise StepFailed(record.step_key, record.error or {})
         return record.value
 
-    async def _keep_evidence(self, key: str, call: asyncio.Future, wait: float = 10.0) -> None:
-        """The delivery stopped while an effect was in flight: wait (bounded)
-        for the remote answer and keep it as a late observation."""
+    async def _effect_answer_after_stop(self, key: str, name: str, attempts: int,
+                                        call: asyncio.Future, transport_errors_unknown: bool,
+                                        wait: float = 10.0) -> None:
+        """The delivery was stopped while an effect was in flight: wait
+        (bounded) for the remote answer. While the lease still holds (the
+        worker is shutting down) a known answer is recorded as the step, so
+        the next delivery does not park an outcome this worker saw; once the
+        lease is known lost it is only kept as a late observation."""
         try:
             value = await asyncio.wait_for(call, timeout=wait)
         except Exception as exc:  # noqa: BLE001 - any answer is evidence
             value, error = None, error_of(exc)
+            unknown = _outcome_unknown(exc, transport_errors_unknown)
         else:
-            error = None
+            error, unknown = None, False
+        if not self.lease_lost and not unknown:
+            try:
+                if error is not None:
+                    await self._record(key, name, attempts, error=error)
+                else:
+                    await self._record_value(key, name, attempts, value)
+                return
+            except DeliveryStopped:
+                return  # lost after all: _fenced kept the answer as evidence
+        await self._observe_late(key, value, error)
+
+    async def _observe_late(self, key: str, value: Any, error: dict | None) -> None:
+        """Keep what a stopped or abandoned call returned, as evidence only."""
         try:
             await self._store.record_late_observation(self._lease, key, value=value, error=error)
-        except (InvalidEvent, *INFRASTRUCTURE_ERRORS):
+        except InvalidEvent:
             pass
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                raise
 
     def _settled(self, record: StepRecord) -> Any:
         """A step just recorded: stop here if the write said so, else replay it."""
         self.notice(record.interrupt)
-        self._raise_interrupt()
+        self._gate()
         return self._replay(record)
 
+    def _value_problem(self, value: Any) -> str | None:
+        problem = value_problem(value, self._max_payload_bytes)
+        return problem[1] if problem else None
+
     async def _record_value(self, key: str, name: str, attempts: int, value: Any) -> StepRecord:
-        problem = json_problem(value)
+        problem = value_problem(value, self._max_payload_bytes)
         if problem is not None:
+            kind, why = problem
             error = {
-                "name": "StepResultNotJSON",
-                "message": f"step {key!r} returned a value that is not JSON: {problem}",
+                "name": "StepResultNotJSON" if kind == "not-json" else "StepResultTooLarge",
+                "message": f"step {key!r} returned a value that cannot be recorded: {why}",
             }
             return await self._record(key, name, attempts, error=error)
         return await self._record(key, name, attempts, value=value)
 
-    async def _retry_fits(self, key: str, delay: float) -> bool:
-        """Sleep before the next attempt, unless it would end after the deadline."""
+    async def _before_retry(self, key: str, delay: float) -> None:
+        """Sleep before the next attempt. A retry that would start at or after
+        the deadline is not scheduled: the execution times out."""
         if self.deadline is not None:
             now = await self._fenced(self._store.db_now(), key)
             if (now - self.deadline).total_seconds() + delay >= 0:
-                return False
+                self.notice("deadline")
+                self._interrupt_raised = True
+                raise DeadlineExceeded(
+                    f"the retry of step {key!r} would start after the execution's deadline")
         await asyncio.sleep(delay)
-        return True
+        self._gate()
 
     def _replay_signal(self, record: StepRecord, name: str) -> Any:
         if record.status == "failed":
@@ -552,19 +696,22 @@ class WorkflowContext:
             return await self._record(key, function_name, attempts, error=bad)
 
     async def _fenced(self, write, key: str, *, value: Any = None, error: dict | None = None):
-        """Await a fenced write; a lost lease leaves evidence and stops the delivery."""
+        """Await a store call. A lost lease leaves evidence and latches the
+        delivery stopped; so does a database failure (judged by SQLSTATE
+        class), which never reaches workflow code as an ordinary exception."""
         try:
             return await write
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
             METRICS.leases_lost.inc()
-            try:
-                await self._store.record_late_observation(self._lease, key, value=value, error=error)
-            except INFRASTRUCTURE_ERRORS:
-                pass
-            raise DeliveryStopped(f"lease lost at step {key!r}") from None
-        except INFRASTRUCTURE_ERRORS as exc:
-            raise DeliveryStopped(f"database unavailable at step {key!r}: {exc}") from exc
+            self.stop(f"lease lost at step {key!r}", lease_lost=True)
+            await self._observe_late(key, value, error)
+            raise DeliveryStopped(self.stopped) from None
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                raise
+            self.stop(f"database unavailable at step {key!r}: {exc}")
+            raise DeliveryStopped(self.stopped) from exc
 
     async def _timer(self, key: str, *, delay: float | None = None,
                      until: datetime | None = None) -> None:
@@ -589,7 +736,7 @@ class WorkflowContext:
                 self._store.record_timer(self._lease, key, delay_seconds=delay, until=until), key
             )
             self.notice(interrupt)
-            self._raise_interrupt()
+            self._gate()
         if wake_at <= now:
             return None
         if self.deadline is not None and wake_at > self.deadline:
@@ -597,6 +744,27 @@ class WorkflowContext:
         # Unfenced: a stale holder's extra wake costs at most one extra delivery.
         await self._fenced(self._store.request_wake(self.execution_id, wake_at), key)
         return wake_at
+
+
+# Serialization failures and deadlocks of a transactional step's own SQL are
+# retried this many times before they count as a failed attempt.
+TRANSACTION_CONFLICT_RETRIES = 5
+
+# Tasks nobody awaits (evidence of abandoned calls), kept from the collector.
+_BACKGROUND: set[asyncio.Future] = set()
+
+
+def _in_background(coro) -> None:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def _outcome_unknown(exc: BaseException, transport_errors_unknown: bool) -> bool:
+    """An effect function's exception that leaves its outcome in doubt."""
+    return isinstance(exc, OutcomeUnknown) or (
+        transport_errors_unknown and isinstance(exc, (OSError, TimeoutError))
+    )
 
 
 async def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:

@@ -26,7 +26,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from app.db import asyncpg_dsn, create_pool
-from app.dberrors import INFRASTRUCTURE_ERRORS
+from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
 from app.logs import Fields
 from app.metrics import METRICS
 from app.migrate import SchemaOutOfDate, check_schema
@@ -44,13 +44,14 @@ from app.sdk import (
     WorkflowContext,
     error_of,
     format_traceback,
-    json_problem,
+    value_problem,
 )
 from app.settings import Settings
 from app.store import (
     NOTIFY_CHANNEL,
     Delivery,
     ExecutionStore,
+    Interrupt,
     InvalidEvent,
     Lease,
     LeaseLost,
@@ -70,6 +71,12 @@ class Running:
     task: asyncio.Task
     lost: bool = False
     ctx: WorkflowContext | None = None
+    # "cancel" / "deadline": the worker stopped the delivery because its code
+    # did not reach a step boundary before the lease it may no longer renew.
+    forced: str | None = None
+    enforcing: asyncio.TimerHandle | None = None
+    # The final write, once started: the drain waits for it, never releases under it.
+    finishing: asyncio.Future | None = None
 
 
 def _ids(lease: Lease) -> dict:
@@ -116,6 +123,9 @@ class Worker:
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.store: ExecutionStore | None = None
+        # Renewals and heartbeats go through their own small pool, so
+        # deliveries holding every connection of the main pool cannot starve them.
+        self.control: ExecutionStore | None = None
         self._running: dict[str, Running] = {}
         self._wakeup = asyncio.Event()
         self._stopping = asyncio.Event()  # stop claiming
@@ -155,7 +165,13 @@ class Worker:
             s, min_size=1, max_size=max(s.pool_max_size, min(self.concurrency, 40) + 3),
             application_name=f"fencepost-worker {self.worker_id}"[:63],
         )
+        control_pool = None
         try:
+            control_pool = await create_pool(
+                s, min_size=1, max_size=2,
+                application_name=f"fencepost-renewer {self.worker_id}"[:63],
+            )
+            self.control = ExecutionStore.from_settings(control_pool, s)
             try:
                 await check_schema(pool)
             except SchemaOutOfDate as exc:
@@ -189,6 +205,8 @@ class Worker:
                 pass
             self.log.info("worker %s stopped", self.worker_id)
         finally:
+            if control_pool is not None:
+                await control_pool.close()
             await pool.close()
 
     async def _watch(self, side: list[asyncio.Task]) -> None:
@@ -216,6 +234,11 @@ class Worker:
             running.task.cancel()
         await asyncio.gather(*(r.task for r in leftover), return_exceptions=True)
         for running in leftover:
+            if running.finishing is not None:
+                # The delivery's own final write is in flight: it decides,
+                # and a release must not race it.
+                await asyncio.gather(running.finishing, return_exceptions=True)
+                continue
             try:
                 await self.store.release(running.lease)
                 METRICS.unacknowledged_deliveries.inc()
@@ -242,23 +265,42 @@ class Worker:
                     deliveries = await self.store.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids
                     )
-                    # Token 1 is the first claim ever: no holder can have
-                    # recorded a step yet, so there is nothing to prefetch.
-                    replays = [d.lease.execution_id for d in deliveries if d.lease.token > 1]
-                    steps = await self.store.steps(replays) if replays else {}
                     backoff.reset()
-                except INFRASTRUCTURE_ERRORS as exc:
+                except Exception as exc:
+                    if not is_infrastructure(exc):
+                        raise
                     delay = backoff.next()
                     self.log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._sleep(delay)
                     continue
                 METRICS.claims.inc(len(deliveries))
+                METRICS.lease_expiries.inc(sum(d.taken_over for d in deliveries))
+                steps = await self._prefetch_steps(deliveries)
                 for delivery in deliveries:
-                    self._start(delivery, steps.get(delivery.lease.execution_id, {}))
+                    self._start(delivery, steps.get(delivery.lease.execution_id))
                 self._maybe_more_due = len(deliveries) == free
                 if self._maybe_more_due:
                     continue
             await self._sleep(self.settings.poll_seconds)
+
+    async def _prefetch_steps(self, deliveries: list[Delivery]) -> dict[str, dict]:
+        """The recorded steps of claimed replays, in one statement. The claim
+        has committed: if this read fails, each delivery reads its own steps
+        (no claimed execution is left to its lease's expiry)."""
+        # Token 1 is the first claim ever: no holder can have recorded a
+        # step yet, so there is nothing to read.
+        replays = [d.lease.execution_id for d in deliveries if d.lease.token > 1]
+        firsts = {d.lease.execution_id: {} for d in deliveries if d.lease.token == 1}
+        if not replays:
+            return firsts
+        try:
+            return {**firsts, **await self.store.steps(replays)}
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                raise
+            self.log.warning("reading the steps of %d claimed executions failed (%s); "
+                             "each delivery reads its own", len(replays), exc)
+            return firsts
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep until woken (notify, a freed slot, stop) or `seconds` pass."""
@@ -267,7 +309,14 @@ class Worker:
         except TimeoutError:
             pass
 
-    def _start(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
+    def _lose(self, running: Running) -> None:
+        """The delivery's token is no longer current: latch it and stop it."""
+        running.lost = True
+        if running.ctx is not None:
+            running.ctx.stop("lease lost", lease_lost=True)
+        running.task.cancel()
+
+    def _start(self, delivery: Delivery, steps: dict[str, StepRecord] | None) -> None:
         eid = delivery.lease.execution_id
         stale = self._running.get(eid)
         if stale is not None:
@@ -276,8 +325,7 @@ class Worker:
             self.log.info("delivery of %s (token %d) superseded by token %d; stopping it", eid,
                           stale.lease.token, delivery.lease.token, extra=_ids(stale.lease))
             METRICS.leases_lost.inc()
-            stale.lost = True
-            stale.task.cancel()
+            self._lose(stale)
         task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
         self._running[eid] = Running(delivery.lease, task)
@@ -287,6 +335,8 @@ class Worker:
             current = self._running.get(eid)
             if current is not None and current.task is task:
                 del self._running[eid]
+                if current.enforcing is not None:
+                    current.enforcing.cancel()
             if self._maybe_more_due:
                 self._wakeup.set()
 
@@ -302,10 +352,20 @@ class Worker:
             return running.lease
         return lease
 
-    async def _deliver(self, delivery: Delivery, steps: dict[str, StepRecord]) -> None:
+    async def _deliver(self, delivery: Delivery, steps: dict[str, StepRecord] | None) -> None:
         lease = delivery.lease
         eid = lease.execution_id
         definition = self.workflows[delivery.workflow_id]
+        if steps is None:
+            try:
+                steps = (await self.store.steps([eid])).get(eid, {})
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    raise
+                self.log.warning("delivery of %s (token %d): cannot read its steps (%s)", eid,
+                                 lease.token, exc, extra=_ids(lease))
+                await self._finish(lease, "retry", error=error_of(exc))
+                return
         try:
             params = definition.parse_params(delivery.params)
         except ValidationError as exc:
@@ -314,10 +374,13 @@ class Worker:
                 "message": f"params no longer match {definition.params_model.__name__}: {exc}",
             })
             return
-        ctx = WorkflowContext(self.store, delivery, steps, definition, params, self.workflows)
+        ctx = WorkflowContext(self.store, delivery, steps, definition, params, self.workflows,
+                              max_payload_bytes=self.settings.max_payload_bytes)
         running = self._running.get(eid)
         if running is not None and running.lease.token == lease.token:
             running.ctx = ctx
+        else:
+            running = None
         try:
             result = await definition.fn(ctx, params)
         except Suspend:
@@ -332,10 +395,18 @@ class Worker:
         except Retry as exc:
             await self._finish(lease, "retry", error=error_of(exc))
         except DeliveryStopped as exc:
-            METRICS.deliveries.labels("stopped").inc()
-            self.log.info("delivery of %s (token %d) stopped: %s", eid, lease.token, exc,
-                          extra=_ids(lease))
+            self._stopped(lease, str(exc))
         except asyncio.CancelledError:
+            if running is not None and running.forced:
+                # Stopped by this worker as its lease ran out after a cancel
+                # or the deadline: the fenced acknowledgement says so.
+                kind = "cancelled" if running.forced == "cancel" else "timed_out"
+                await self._finish(lease, kind, error={
+                    "name": "Cancelled" if kind == "cancelled" else "DeadlineExceeded",
+                    "message": "the workflow code did not reach its next step before its "
+                               f"lease ran out after the {running.forced}",
+                })
+                return
             self.log.info("delivery of %s (token %d) cancelled", eid, lease.token,
                           extra=_ids(lease))
             # At shutdown the drain releases the lease; either way no outcome.
@@ -345,29 +416,52 @@ class Worker:
             await self._finish(lease, "failed", error=error_of(exc), tb=format_traceback(exc))
         else:
             unreached = ctx.unreached_steps()
-            problem = json_problem(result)
-            if unreached:
+            problem = value_problem(result, self.settings.max_payload_bytes)
+            if ctx.interrupt == "deadline":
+                # The code caught DeadlineExceeded and returned: still timed out.
+                await self._finish(lease, "timed_out", error={
+                    "name": "DeadlineExceeded", "message": "the execution's deadline has passed"})
+            elif unreached:
                 await self._finish(lease, "failed", error={
                     "name": "ReplayError",
                     "message": f"recorded steps {unreached} were not reached by this run; "
                                "the workflow code changed incompatibly",
                 })
             elif problem is not None:
+                kind, why = problem
                 await self._finish(lease, "failed", error={
-                    "name": "ResultNotJSON",
-                    "message": f"the workflow returned a value that is not JSON: {problem}",
+                    "name": "ResultNotJSON" if kind == "not-json" else "ResultTooLarge",
+                    "message": f"the workflow returned a value that cannot be recorded: {why}",
                 })
             else:
                 await self._finish(lease, "completed", result=result)
 
+    def _stopped(self, lease: Lease, why: str) -> None:
+        METRICS.deliveries.labels("stopped").inc()
+        self.log.info("delivery of %s (token %d) stopped: %s", lease.execution_id, lease.token,
+                      why, extra=_ids(lease))
+
     async def _finish(self, lease: Lease, kind: str, *, result: Any = None,
                       error: dict | None = None, tb: str | None = None,
                       waiting_on: dict | None = None, step_key: str | None = None) -> None:
-        """The final write of a delivery, shielded from cancellation."""
+        """The final write of a delivery, shielded from cancellation; the
+        drain waits for it rather than release the lease under it. A delivery
+        latched stopped writes nothing, whatever its code did after learning
+        it (swallowed the stop, raised from a `finally:`, returned)."""
         lease = self._lease_of(lease.execution_id, lease)
-        await asyncio.shield(
+        running = self._running.get(lease.execution_id)
+        if running is None or running.lease.token != lease.token:
+            running = None
+        if running is not None and running.ctx is not None and running.ctx.stopped \
+                and not running.forced:
+            self._stopped(lease, running.ctx.stopped)
+            return
+        write = asyncio.ensure_future(
             self._write_outcome(lease, kind, result, error, tb, waiting_on, step_key)
         )
+        if running is not None:
+            running.finishing = write
+        await asyncio.shield(write)
 
     async def _write_outcome(self, lease: Lease, kind: str, result: Any, error: dict | None,
                              tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
@@ -417,13 +511,15 @@ class Worker:
                 pass
             held = {eid: r for eid, r in self._running.items() if not r.lost}
             try:
-                renewed, lost, interrupts = await self.store.renew_with_interrupts(
+                renewed, lost, interrupts = await self.control.renew_with_interrupts(
                     [r.lease for r in held.values()], self.settings.lease_seconds
                 )
-                await self.store.heartbeat(self.worker_id)
+                await self.control.heartbeat(self.worker_id)
                 backoff.reset()
                 interval = self.settings.renew_seconds
-            except INFRASTRUCTURE_ERRORS as exc:
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    raise
                 interval = min(self.settings.renew_seconds, backoff.next())
                 self.log.warning("renewal failed (%s); retrying in %.2fs", exc, interval)
                 continue
@@ -432,16 +528,41 @@ class Worker:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
                     running.lease = lease
-                    if running.ctx is not None:
-                        running.ctx.notice(interrupts.get(lease.execution_id))
+                    interrupt = interrupts.get(lease.execution_id)
+                    if interrupt is not None:
+                        self._bound(running, interrupt)
             for lease in lost:
                 running = self._running.get(lease.execution_id)
                 if running is not None and running.lease.token == lease.token:
                     METRICS.leases_lost.inc()
                     self.log.info("lease on %s (token %d) lost at renewal; stopping its delivery",
                                   lease.execution_id, lease.token, extra=_ids(lease))
-                    running.lost = True
-                    running.task.cancel()
+                    self._lose(running)
+
+    def _bound(self, running: Running, interrupt: Interrupt) -> None:
+        """A cancel was requested or the deadline passed: the code meets it at
+        its next step. The lease is no longer extended; if the code has not
+        finished one renewal interval before the lease lapses (a step that
+        never returns), the delivery is stopped and ended cancelled / timed
+        out through a fenced acknowledgement."""
+        if running.ctx is not None:
+            running.ctx.notice(interrupt.kind)
+        if running.enforcing is not None:
+            return
+        delay = max(0.0, interrupt.remaining - self.settings.renew_seconds)
+        running.enforcing = asyncio.get_running_loop().call_later(
+            delay, self._force_stop, running, interrupt.kind)
+
+    def _force_stop(self, running: Running, kind: str) -> None:
+        if running.task.done() or running.finishing is not None or running.lost:
+            return
+        self.log.info("delivery of %s (token %d) did not stop after the %s; stopping it",
+                      running.lease.execution_id, running.lease.token, kind,
+                      extra=_ids(running.lease))
+        running.forced = kind
+        if running.ctx is not None:
+            running.ctx.stop(f"stopped by the worker after the {kind}")
+        running.task.cancel()
 
     # ---------------------------------------------------------------- listener
 
@@ -486,7 +607,9 @@ class Worker:
             try:
                 await service.run(self._done)
                 return
-            except INFRASTRUCTURE_ERRORS as exc:
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    raise
                 delay = backoff.next()
                 self.log.warning("%s failed (%s); retrying in %.2fs", type(service).__name__, exc,
                                  delay)

@@ -13,6 +13,7 @@ from app.store.types import (
     NOTIFY_CHANNEL,
     Acknowledged,
     Delivery,
+    Interrupt,
     InvalidEvent,
     Lease,
     LeaseLost,
@@ -78,7 +79,9 @@ class LeaseStatements:
                 SET status = 'running',
                     token = e.token + 1,
                     lease_owner = $3,
-                    lease_expires_at = now() + make_interval(secs => $2),
+                    -- A lease never reaches past the execution's deadline.
+                    lease_expires_at = least(now() + make_interval(secs => $2),
+                                             coalesce(e.deadline, 'infinity')),
                     -- A lease taken over after expiry ended unacknowledged: it
                     -- counts, and its covered wakes are covered again.
                     unacknowledged_deliveries =
@@ -146,7 +149,10 @@ class LeaseStatements:
 
     async def renew_with_interrupts(
         self, leases: list[Lease], duration: float
-    ) -> tuple[list[Lease], list[Lease], dict[str, str]]:
+    ) -> tuple[list[Lease], list[Lease], dict[str, Interrupt]]:
+        """As `renew`, plus the renewed leases whose holder should stop:
+        {execution_id: Interrupt(kind "cancel" | "deadline", seconds the
+        lease has left)}. Such a lease is no longer extended."""
         if not leases:
             return [], [], {}
         rows = await self.pool.fetch(
@@ -162,7 +168,16 @@ class LeaseStatements:
                 FOR NO KEY UPDATE OF e SKIP LOCKED
             ), renewed AS (
                 UPDATE executions e
-                SET lease_expires_at = now() + make_interval(secs => $3)
+                -- Bounded even when the holder's code never returns: once a
+                -- cancel is requested the lease is not extended (the holder
+                -- has what is left of it to clean up), and it never reaches
+                -- past the deadline; a wedged holder's lease then lapses and
+                -- the reaper ends the execution.
+                SET lease_expires_at = CASE
+                        WHEN e.cancel_requested_at IS NOT NULL THEN e.lease_expires_at
+                        ELSE least(now() + make_interval(secs => $3),
+                                   coalesce(e.deadline, 'infinity'))
+                    END
                 FROM held h
                 -- Current token and a lease not ended by acknowledge, release
                 -- or the reaper; the row lock makes check and write one.
@@ -171,7 +186,8 @@ class LeaseStatements:
                   AND e.execution_id IN (SELECT execution_id FROM free)
                 RETURNING e.execution_id, e.token, e.lease_expires_at,
                           CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
-                               WHEN e.deadline <= now() THEN 'deadline' END AS interrupt
+                               WHEN e.deadline <= now() THEN 'deadline' END AS interrupt,
+                          extract(epoch FROM e.lease_expires_at - now())::float8 AS remaining
             ), ev AS (
                 -- Lost to a newer claim or to the reaper; a lease this holder
                 -- has just ended itself (acknowledged: same token, counter 0;
@@ -186,9 +202,10 @@ class LeaseStatements:
                                   WHERE x.execution_id = h.execution_id AND x.token = h.token
                                     AND x.kind = 'released')
             )
-            SELECT execution_id, token, lease_expires_at, interrupt, false AS busy FROM renewed
+            SELECT execution_id, token, lease_expires_at, interrupt, remaining, false AS busy
+            FROM renewed
             UNION ALL
-            SELECT execution_id, token, NULL, NULL, true FROM held
+            SELECT execution_id, token, NULL, NULL, NULL, true FROM held
             WHERE execution_id NOT IN (SELECT execution_id FROM free)
             """,
             [lease.execution_id for lease in leases],
@@ -198,7 +215,8 @@ class LeaseStatements:
         busy = {(r["execution_id"], r["token"]) for r in rows if r["busy"]}
         expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"]
                   for r in rows if not r["busy"]}
-        interrupts = {r["execution_id"]: r["interrupt"] for r in rows if r["interrupt"]}
+        interrupts = {r["execution_id"]: Interrupt(r["interrupt"], max(0.0, r["remaining"]))
+                      for r in rows if r["interrupt"]}
         renewed, lost = [], []
         for lease in leases:
             key = (lease.execution_id, lease.token)

@@ -1,0 +1,81 @@
+"""Fixtures for the hardening tests: workflow code that hangs, swallows
+errors or outlives its lease, run by in-process workers (`workers`) and by
+real `fencepost worker` processes (`harness`, see tests/acceptance/harness.py).
+
+  hard_settings  lease 1 s, renewal 0.2 s, poll 0.2 s, redelivery 0.05..0.5 s
+  store          ExecutionStore on the test pool
+  workers        in-process workers running tests/hardening/flows.py
+  harness        real worker processes running the same module
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from app.registry import load_workflows
+from app.settings import Settings
+from app.store import ExecutionStore
+from tests.acceptance.conftest import make_harness, pytest_runtest_makereport  # noqa: F401
+from tests.acceptance.harness import Harness
+from tests.hardening import flows
+from tests.support.workers import InProcessWorkers
+
+WORKFLOWS = load_workflows(["tests.hardening.flows"])
+
+
+class HardeningHarness(Harness):
+    flows_module = "tests.hardening.flows"
+    worker_prefix = "hard-worker"
+
+
+@pytest.fixture(autouse=True)
+def _reset_flows(tmp_path, monkeypatch) -> None:
+    flows.reset()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("ACC_MARK_DIR", str(marks))  # step marks of in-process workers
+
+
+@pytest.fixture
+def hard_settings(database_url: str) -> Settings:
+    return Settings(
+        database_url=database_url,
+        lease_seconds=1,
+        renew_seconds=0.2,
+        poll_seconds=0.2,
+        redelivery_base_seconds=0.05,
+        redelivery_cap_seconds=0.5,
+        shutdown_grace_seconds=2,
+    )
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, hard_settings: Settings) -> ExecutionStore:
+    return ExecutionStore.from_settings(pool, hard_settings)
+
+
+@pytest_asyncio.fixture
+async def workers(hard_settings: Settings, store: ExecutionStore) -> AsyncIterator[InProcessWorkers]:
+    group = InProcessWorkers(hard_settings, WORKFLOWS, before_stop=flows.RELEASE.set)
+    try:
+        yield group
+    finally:
+        flows.RELEASE.set()
+        await group.stop_all()
+
+
+@pytest_asyncio.fixture
+async def harness(database_url, tmp_path, request) -> AsyncIterator[Harness]:
+    h = HardeningHarness(database_url, tmp_path / "h")
+    await h.open()
+    try:
+        yield h
+    finally:
+        await h.close()
+        report = getattr(request.node, "_acc_report_call", None)
+        if report is None or report.failed:
+            print(h.logs())
