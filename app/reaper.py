@@ -5,7 +5,12 @@
 cancelled / timed out / parked as poison, as the rules say) and times out
 unheld executions whose deadline passed; `run()` only sleeps and calls it.
 Claims take over expired leases on their own, so the reaper exists to make
-the record say so promptly when no worker is claiming.
+the record say so promptly when no worker is claiming. Reads never wait for
+it: app/store/types.py's record_columns reports every record as `run_once`
+will leave it (same rules, same outcomes), so the API, the dashboard and the
+metrics agree before and after it runs. `fencepost_lease_expiries_total`
+counts the leases it ends and those a claim takes over (the worker counts
+those from `Delivery.taken_over`).
 """
 
 from __future__ import annotations
