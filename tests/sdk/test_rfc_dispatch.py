@@ -122,9 +122,11 @@ async def test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal(
 ):
     worker = await workers.start()
     eid = f"end-then-renew-{end}"
-    # The batched renewal the renewer calls (renew_with_interrupts, or renew).
-    method = "renew_with_interrupts" if hasattr(worker.store, "renew_with_interrupts") else "renew"
-    original = getattr(worker.store, method)
+    # The batched renewal the renewer calls (renew_with_interrupts, or renew),
+    # on the renewer's own store where the worker has one.
+    renewer = getattr(worker, "control", None) or worker.store
+    method = "renew_with_interrupts" if hasattr(renewer, "renew_with_interrupts") else "renew"
+    original = getattr(renewer, method)
     snapshotted, proceed, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def renew(leases, duration):
@@ -140,7 +142,7 @@ async def test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal(
             if mine:
                 renewed.set()
 
-    setattr(worker.store, method, renew)
+    setattr(renewer, method, renew)
     await admit(store, "sdk-gate-then-end", eid, {"end": end})
     await asyncio.wait_for(snapshotted.wait(), timeout=5)
     flows.gate(eid).set()
@@ -355,37 +357,49 @@ async def test_stale_holder_step_write_is_rejected_and_kept_as_late_observation(
     assert record["outcome"] == {"result": "by holder"}
 
 
+@pytest.mark.parametrize("newer_by", ["same worker", "another worker"])
 async def test_stale_delivery_in_the_same_worker_cannot_acknowledge_for_the_newer_one(
-    store, pool, workers
+    store, pool, workers, newer_by
 ):
-    # Renewals stall; the lease expires; this same worker claims the execution
-    # again while its first delivery is still running (outside any step).
-    await workers.start(concurrency=2, lease_seconds=60, renew_seconds=30)
+    """Renewals stall; the lease expires; the execution is claimed again
+    while its first delivery is still running (outside any step). Each way
+    it can go is forced, and has one right answer:
+
+    * same worker: the worker that claims it again still runs delivery 1,
+      which it stops at once (cancelled before its gate opens; it never
+      returns, nothing is observed late);
+    * another worker (the first one, concurrency 1, has no free slot to
+      claim it): delivery 1 returns when its gate opens and its
+      acknowledgement is rejected and kept as a late observation.
+
+    Either way it never acknowledges for token 2."""
+    first = await workers.start(concurrency=2 if newer_by == "same worker" else 1,
+                                lease_seconds=60, renew_seconds=30)
     eid = await admit(store, "sdk-stale-ack", "stale-ack")
     await wait_until(lambda: flows.calls(eid, "start:1") == 1, what="delivery 1")
     await pool.execute(
         "UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
         "WHERE execution_id = $1", eid,
     )
+    if newer_by == "another worker":
+        second = await workers.start(concurrency=1, lease_seconds=60, renew_seconds=30)
     await wait_until(lambda: flows.calls(eid, "start:2") == 1, what="delivery 2")
+    [claim_2] = [e for e in await events_of(store, eid, "claimed") if e["token"] == 2]
+    expected_owner = first if newer_by == "same worker" else second
+    assert claim_2["detail"]["owner"] == expected_owner.worker_id
 
-    flows.gate(f"{eid}:1").set()  # the stale delivery (token 1), if still running, returns
-
-    # Either way is safe: the stale delivery was stopped when it was
-    # superseded, or it returned and its acknowledgement was rejected (and
-    # kept as a late observation). It never acknowledges for token 2.
-    async def stale_delivery_over():
-        if flows.calls(eid, "cancelled:1"):
-            return True
-        return flows.calls(eid, "returned:1") and (
-            await store.late_observations(eid) or await events_of(store, eid, "acknowledged")
-        )
-
-    await wait_until(stale_delivery_over, what="the stale delivery to end")
+    if newer_by == "same worker":
+        await wait_until(lambda: flows.calls(eid, "cancelled:1"), what="delivery 1 stopped")
+    flows.gate(f"{eid}:1").set()  # the stale delivery, if still running, returns
+    if newer_by == "another worker":
+        await wait_until(lambda: store.late_observations(eid), what="the rejected ack kept")
+        assert flows.calls(eid, "returned:1") == 1 and not flows.calls(eid, "cancelled:1")
+        assert [o["token"] for o in await store.late_observations(eid)] == [1]
+    else:
+        assert not flows.calls(eid, "returned:1") and not await store.late_observations(eid)
     record = await store.get(eid)
     assert (record["status"], record["token"]) == ("running", 2), record["outcome"]
-    if flows.calls(eid, "returned:1"):
-        assert [o["token"] for o in await store.late_observations(eid)] == [1]
+    assert await events_of(store, eid, "acknowledged") == []
 
     flows.gate(f"{eid}:2").set()
     record = await wait_status(store, eid, "completed")
