@@ -4,7 +4,6 @@ stop at the deadline, and a renewal after a cancel request extends nothing."""
 
 from __future__ import annotations
 
-
 from app.store import ExecutionStore
 
 LEASE = 30.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 import pytest
 
 from tests.hardening import flows
