@@ -31,6 +31,7 @@ from app.store import (
     Delivery,
     ExecutionStore,
     InvalidEvent,
+    Lease,
     LeaseLost,
     StepRecord,
     TransactionFailed,
@@ -630,14 +631,7 @@ class WorkflowContext:
         await self._observe_late(key, value, error)
 
     async def _observe_late(self, key: str, value: Any, error: dict | None) -> None:
-        """Keep what a stopped or abandoned call returned, as evidence only."""
-        try:
-            await self._store.record_late_observation(self._lease, key, value=value, error=error)
-        except InvalidEvent:
-            pass
-        except Exception as exc:
-            if not is_infrastructure(exc):
-                raise
+        await keep_late_observation(self._store, self._lease, key, value, error)
 
     def _settled(self, record: StepRecord) -> Any:
         """A step just recorded: stop here if the write said so, else replay it."""
@@ -765,6 +759,24 @@ def _outcome_unknown(exc: BaseException, transport_errors_unknown: bool) -> bool
     return isinstance(exc, OutcomeUnknown) or (
         transport_errors_unknown and isinstance(exc, (OSError, TimeoutError))
     )
+
+
+async def keep_late_observation(store: ExecutionStore, lease: Lease, key: str | None,
+                                value: Any, error: dict | None) -> None:
+    """Keep what a stale, stopped or abandoned call answered, as evidence only
+    (never applied), and count it; the store compares it with what was
+    recorded, and a difference is an integrity conflict."""
+    try:
+        conflict = await store.record_late_observation(lease, key, value=value, error=error)
+    except InvalidEvent:
+        return
+    except Exception as exc:
+        if not is_infrastructure(exc):
+            raise
+        return
+    METRICS.late_observations.inc()
+    if conflict:
+        METRICS.integrity_conflicts.inc()
 
 
 async def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:

@@ -44,6 +44,7 @@ from app.sdk import (
     WorkflowContext,
     error_of,
     format_traceback,
+    keep_late_observation,
     value_problem,
 )
 from app.settings import Settings
@@ -488,13 +489,11 @@ class Worker:
             METRICS.leases_lost.inc()
             self.log.info("acknowledgement of %s (token %d) rejected: lease lost",
                           lease.execution_id, lease.token, extra=_ids(lease))
-            try:
-                await self.store.record_late_observation(
-                    lease, None, value={"acknowledge": kind, "result": result}, error=error
-                )
-            except (InvalidEvent, *INFRASTRUCTURE_ERRORS):
-                pass
-        except INFRASTRUCTURE_ERRORS as exc:
+            await keep_late_observation(
+                self.store, lease, None, {"acknowledge": kind, "result": result}, error)
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                raise
             self.log.warning("could not acknowledge %s (%s); the lease will expire",
                              lease.execution_id, exc, extra=_ids(lease))
 

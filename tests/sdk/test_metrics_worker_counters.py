@@ -57,11 +57,6 @@ async def test_a_claim_taking_over_an_expired_lease_counts_as_a_lease_expiry(
     assert counter("fencepost_lease_expiries_total") == before + 1
 
 
-# The counting belongs to the lead's part (app/sdk.py / app/worker.py: increment
-# METRICS.late_observations for each record_late_observation, and
-# METRICS.integrity_conflicts when it returns True). Strict: once wired, this
-# XPASSes and fails, so the marker is removed then.
-@pytest.mark.xfail(strict=True, reason="late-observation counters not yet incremented by the SDK")
 @pytest.mark.parametrize("current_value", ["slow-done", "the current holder's value"])
 async def test_a_late_observation_counts_and_a_differing_one_is_an_integrity_conflict(
         store: ExecutionStore, pool: asyncpg.Pool, sdk_settings, workers,
