@@ -172,3 +172,50 @@ async def test_24_clients_signalling_one_execution_at_once_all_get_202_in_order(
     print(f"signals stored during a delivery: {during_delivery}, while waiting: {while_waiting}")
     assert during_delivery + while_waiting == CLIENTS * ROUNDS
     assert during_delivery > 0 and while_waiting > 0
+
+
+MIXED_ROUNDS = 8
+
+
+async def test_mixed_concurrent_callers_on_one_execution_never_see_a_500(client, store, pool):
+    """Signals, wakes, reads and one cancel, all at once on one execution,
+    through the app with its real pool (statements run concurrently in
+    Postgres). Every answer is the documented one; a signal is stored if and
+    only if it was answered 202, and none is stored after the cancel."""
+    stored_before_cancel = refused_after_cancel = 0
+    for rnd in range(MIXED_ROUNDS):
+        eid = f"mixed-{rnd}"
+        await store.admit(workflow_id="wf", params={}, execution_id=eid)
+        path = f"/v1/executions/{eid}"
+        requests = [("POST", f"{path}/signals/go", {"json": {"i": i}}) for i in range(12)]
+        requests += [("POST", f"{path}/wakes", {})] * 6
+        requests += [("GET", path, {}), ("GET", f"{path}/events", {}),
+                     ("GET", f"{path}/steps", {})]
+        # The cancel goes at a different place in each round's burst.
+        requests.insert(2 * rnd, ("POST", f"{path}/cancel", {}))
+        answers = await asyncio.gather(*(client.request(m, p, **kw) for m, p, kw in requests))
+        signals_ok = 0
+        for (method, p, _), r in zip(requests, answers, strict=True):
+            assert r.status_code < 500, (method, p, r.status_code, r.text)
+            if p.endswith("/signals/go"):
+                assert r.status_code in (202, 409), (r.status_code, r.text)
+                if r.status_code == 202:
+                    signals_ok += 1
+                else:
+                    assert r.json()["error"]["code"] == "EXECUTION_TERMINAL"
+                    refused_after_cancel += 1
+            elif p.endswith("/cancel"):
+                assert r.status_code == 202, r.text
+            elif p.endswith("/wakes"):
+                assert r.status_code in (200, 202), r.text
+            else:
+                assert r.status_code == 200, r.text
+        stored_before_cancel += signals_ok
+        assert await pool.fetchval("SELECT count(*) FROM signals WHERE execution_id = $1",
+                                   eid) == signals_ok
+        kinds = [e["kind"] for e in await store.events(eid)]
+        assert kinds.count("signal_received") == signals_ok
+        assert "signal_received" not in kinds[kinds.index("cancelled"):]
+    print(f"signals stored before the cancel: {stored_before_cancel}, "
+          f"refused after it: {refused_after_cancel}")
+    assert stored_before_cancel > 0 and refused_after_cancel > 0
