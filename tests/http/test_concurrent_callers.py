@@ -24,7 +24,9 @@ import httpx
 import pytest_asyncio
 
 from tests.acceptance.harness import Harness
+from tests.http.conftest import api_settings
 from tests.support.processes import REPO_ROOT, _die_with_parent
+from tests.support.races import RowLock
 
 FLOWS = "tests.http.concurrent_flows"
 CLIENTS = 24
@@ -219,3 +221,26 @@ async def test_mixed_concurrent_callers_on_one_execution_never_see_a_500(client,
     print(f"signals stored before the cancel: {stored_before_cancel}, "
           f"refused after it: {refused_after_cancel}")
     assert stored_before_cancel > 0 and refused_after_cancel > 0
+
+
+async def test_a_caller_behind_a_row_lock_held_past_the_statement_timeout_gets_503(
+        settings, store, pool, make_client):
+    """A long transactional step holds its execution's row FOR SHARE for its
+    whole transaction; a signal (which needs the row) waits for it, and past
+    the statement timeout answers 503 with Retry-After, storing nothing. Once
+    the row is free the same signal is 202."""
+    await store.admit(workflow_id="wf", params={}, execution_id="held")
+    client = await make_client(api_settings(settings, statement_timeout_seconds=0.5),
+                               raise_app_exceptions=False)
+    async with RowLock(pool, "held", mode="SHARE"):
+        started = time.perf_counter()
+        r = await client.post("/v1/executions/held/signals/go", json={"n": 1})
+        elapsed = time.perf_counter() - started
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "DATABASE_UNAVAILABLE"
+        assert int(r.headers["retry-after"]) > 0
+        assert elapsed < 3, elapsed
+    assert await pool.fetchval("SELECT count(*) FROM signals") == 0
+    r = await client.post("/v1/executions/held/signals/go", json={"n": 1})
+    assert r.status_code == 202, r.text
+    assert await pool.fetchval("SELECT count(*) FROM signals") == 1
