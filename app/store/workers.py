@@ -82,8 +82,17 @@ class WorkerStatements:
                 self.redelivery_cap,
             )
             # Terminal executions too: a conflict stays worth knowing about.
+            # Every increment of integrity_conflicts inserts its conflicting
+            # late observation in the same statement, so the executions are
+            # found through that small table and the primary key, not by
+            # scanning every execution at each scrape.
             conflicted = await conn.fetchval(
-                "SELECT count(*) FROM executions WHERE integrity_conflicts > 0"
+                """
+                SELECT count(*) FROM executions
+                WHERE integrity_conflicts > 0
+                  AND execution_id IN (SELECT execution_id FROM late_observations
+                                       WHERE conflict)
+                """
             )
         by_status: dict[str, int] = {}
         parked: dict[str, int] = {}
