@@ -701,6 +701,12 @@ class WorkflowContext:
             self.stop(f"lease lost at step {key!r}", lease_lost=True)
             await self._observe_late(key, value, error)
             raise DeliveryStopped(self.stopped) from None
+        except asyncio.CancelledError:
+            # Stopped mid-write because a renewal found the lease lost: what
+            # the step produced is still kept, as evidence.
+            if self.lease_lost and (value is not None or error is not None):
+                await self._observe_late(key, value, error)
+            raise
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise

@@ -101,18 +101,24 @@ async def test_sigstop_in_a_step_every_late_write_is_fenced(harness: Harness) ->
 
     a.signal(signal.SIGCONT)
 
-    async def evidence() -> list[dict]:
-        return [o for o in await h.late_observations(eid) if o["token"] == 1]
+    # On continuing, A learns that its lease is gone in one of two ways, and
+    # the race between them is real: its step returns and the write of "two"
+    # is rejected by the fence, or its overdue renewal comes back lost first
+    # and stops the delivery mid-step or mid-write. Either way what the step
+    # produced is kept as evidence only, and nothing A sends after it is applied.
+    async def stopped() -> bool:
+        return "stopped" in a.log() or "lost at renewal" in a.log()
 
-    late = await h.wait_for(evidence, timeout=10, what="A's late result as a late observation")
+    await h.wait_for(stopped, timeout=10, what="A stops its stale delivery")
     await asyncio.sleep(1.0)  # room for any further (wrong) write by A
     assert a.alive(), "the paused worker must survive losing its lease"
-
-    # A's step finished after it was continued, and its result is evidence only.
-    assert [c["pid"] for c in h.calls(eid, "two", event="end")].count(a.pid) == 1
-    assert len(late) == 1, late
-    assert late[0]["step_key"] == "two" and late[0]["owner"] == a.worker_id
-    assert late[0]["value"]["pid"] == a.pid
+    late = [o for o in await h.late_observations(eid) if o["token"] == 1]
+    assert len(late) <= 1, late
+    if late:
+        assert late[0]["step_key"] == "two" and late[0]["owner"] == a.worker_id
+        assert late[0]["value"]["pid"] == a.pid
+        # B recorded "two" with its own pid: the evidence differs from the record.
+        assert late[0]["conflict"] is True
 
     # Nothing A wrote after it was continued was applied.
     assert await h.steps(eid) == steps_before
@@ -127,8 +133,10 @@ async def test_sigstop_in_a_step_every_late_write_is_fenced(harness: Harness) ->
 
     events = await h.assert_recorded_once(eid, KEYS)
     a_events = [e for e in events if e["token"] == 1]
-    rejected = [e for e in a_events if e["kind"] == "fenced_write_rejected"]
-    assert [e["detail"]["stepKey"] for e in rejected] == ["two"], a_events
+    rejected = [e["detail"]["stepKey"] for e in a_events if e["kind"] == "fenced_write_rejected"]
+    assert rejected in ([], ["two"]), a_events
+    if not rejected:  # the renewal told A first
+        assert [e for e in a_events if e["kind"] == "renewal_lost"], a_events
     assert not [e for e in a_events if e["kind"] == "acknowledged"], a_events
     assert not [e for e in events if e["kind"] == "step_recorded" and e["token"] == 1
                 and e["detail"]["stepKey"] != "one"], events
