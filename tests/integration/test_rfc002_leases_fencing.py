@@ -513,8 +513,8 @@ async def test_several_dispatchers_share_one_backend(store, settings, open_pool)
     results = await asyncio.gather(*(run(i, s) for i, s in enumerate(dispatchers)))
     leases = [d.lease for batch in results for d in batch]
     assert len(leases) == n
-    # They really claimed side by side: every dispatcher got some of them.
-    assert all(results), [len(r) for r in results]
+    # They really claimed side by side: more than one dispatcher got some.
+    assert sum(1 for r in results if r) >= 2, [len(r) for r in results]
     assert sorted(lease.execution_id for lease in leases) == sorted(f"order-{i}" for i in range(n))
     assert {lease.token for lease in leases} == {1}
     live = await store.pool.fetchval(
