@@ -68,6 +68,16 @@ def is_infrastructure(exc: BaseException) -> bool:
     return isinstance(exc, INFRASTRUCTURE_ERRORS)
 
 
+def is_database_failure(exc: BaseException) -> bool:
+    """`is_infrastructure` for an error that may come from user code as well
+    (a transactional step's function): only an error carrying an
+    infrastructure SQLSTATE, or asyncpg's own client errors, count; a bare
+    OSError or TimeoutError the function raised itself is its own failure."""
+    if sqlstate_of(exc) is not None:
+        return is_infrastructure(exc)
+    return isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError)
+
+
 def is_retryable_conflict(exc: BaseException) -> bool:
     """A serialization failure or deadlock: the transaction was rolled back
     and may be run again as a whole."""

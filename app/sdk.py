@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from app.dberrors import is_infrastructure, is_retryable_conflict
+from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition, workflow
 from app.store import (
@@ -321,8 +321,10 @@ class WorkflowContext:
             except Exception as exc:
                 METRICS.step_seconds.observe(time.perf_counter() - started)
                 if policy.retries(exc, attempt):
-                    await self._before_retry(key, policy.delay(attempt))
-                    continue
+                    if await self._retry_fits(key, policy.delay(attempt)):
+                        continue
+                    await self._record(key, name, attempt, error=error_of(exc))
+                    self._retry_past_deadline(key)
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             METRICS.step_seconds.observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
@@ -456,12 +458,14 @@ class WorkflowContext:
                     await asyncio.sleep(random.uniform(0.005, 0.05) * conflicts)
                     self._gate()
                     continue
-                if is_infrastructure(exc) and not is_retryable_conflict(exc):
+                if is_database_failure(exc) and not is_retryable_conflict(exc):
                     self.stop(f"database unavailable at step {key!r}: {exc}")
                     raise DeliveryStopped(self.stopped) from exc
                 if policy.retries(exc, attempt - conflicts):
-                    await self._before_retry(key, policy.delay(attempt - conflicts))
-                    continue
+                    if await self._retry_fits(key, policy.delay(attempt - conflicts)):
+                        continue
+                    await self._record(key, name, attempt, error=error_of(exc))
+                    self._retry_past_deadline(key)
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             except InvalidEvent as exc:
                 error = {"name": "StepResultNotJSON", "message": str(exc)}
@@ -495,13 +499,17 @@ class WorkflowContext:
             self._interrupt_raised = True
             raise Cancelled("cancellation was requested; no child was started")
         if answer == "conflict":
+            taken = ("was retired (deleted by retention) and is never reused"
+                     if detail["status"] == "retired" else
+                     f"already exists (status {detail['status']}, workflow {detail['workflowId']})")
             error = {
                 "name": "ExecutionIdConflict",
-                "message": f"execution {child_id!r} already exists (status {detail['status']}, "
-                           f"workflow {detail['workflowId']}) and is not this step's child",
+                "message": f"execution {child_id!r} {taken} and is not this step's child",
             }
             return self._settled(await self._record(key, f"child:{workflow_id}", 1, error=error))
-        return self._settled(await self._record(key, f"child:{workflow_id}", 1, value=child_id))
+        # "existing": the child this step started before (under whatever ID) stands.
+        started = detail.get("executionId", child_id) if answer == "existing" else child_id
+        return self._settled(await self._record(key, f"child:{workflow_id}", 1, value=started))
 
     async def wait_for_child(self, key: str, child_id: str) -> Any:
         """The child's result once it has ended (recorded as step `key`); the
@@ -631,7 +639,8 @@ class WorkflowContext:
         await self._observe_late(key, value, error)
 
     async def _observe_late(self, key: str, value: Any, error: dict | None) -> None:
-        await keep_late_observation(self._store, self._lease, key, value, error)
+        """A call's answer (value or error, None included) kept as evidence."""
+        await keep_late_observation(self._store, self._lease, key, value, error, observed=True)
 
     def _settled(self, record: StepRecord) -> Any:
         """A step just recorded: stop here if the write said so, else replay it."""
@@ -654,18 +663,24 @@ class WorkflowContext:
             return await self._record(key, name, attempts, error=error)
         return await self._record(key, name, attempts, value=value)
 
-    async def _before_retry(self, key: str, delay: float) -> None:
-        """Sleep before the next attempt. A retry that would start at or after
-        the deadline is not scheduled: the execution times out."""
+    async def _retry_fits(self, key: str, delay: float) -> bool:
+        """Sleep before the next attempt; False (no sleep) when it would start
+        at or after the deadline."""
         if self.deadline is not None:
             now = await self._fenced(self._store.db_now(), key)
             if (now - self.deadline).total_seconds() + delay >= 0:
-                self.notice("deadline")
-                self._interrupt_raised = True
-                raise DeadlineExceeded(
-                    f"the retry of step {key!r} would start after the execution's deadline")
+                return False
         await asyncio.sleep(delay)
         self._gate()
+        return True
+
+    def _retry_past_deadline(self, key: str) -> None:
+        """A retry that would start at or after the deadline is not scheduled:
+        the last attempt's failure stands recorded and the execution times out."""
+        self.notice("deadline")
+        self._interrupt_raised = True
+        raise DeadlineExceeded(f"the retry of step {key!r} would start after the "
+                               "execution's deadline")
 
     def _replay_signal(self, record: StepRecord, name: str) -> Any:
         if record.status == "failed":
@@ -683,28 +698,32 @@ class WorkflowContext:
                 key,
                 value=value,
                 error=error,
+                observed=True,
             )
         except InvalidEvent as exc:
             # \u0000 or a lone surrogate: jsonb cannot hold it. The step fails.
             bad = {"name": "StepResultNotJSON", "message": f"step {key!r}: {exc}"}
             return await self._record(key, function_name, attempts, error=bad)
 
-    async def _fenced(self, write, key: str, *, value: Any = None, error: dict | None = None):
-        """Await a store call. A lost lease leaves evidence and latches the
-        delivery stopped; so does a database failure (judged by SQLSTATE
-        class), which never reaches workflow code as an ordinary exception."""
+    async def _fenced(self, write, key: str, *, value: Any = None, error: dict | None = None,
+                      observed: bool = False):
+        """Await a store call. A lost lease latches the delivery stopped and
+        keeps the step's result (`observed`: value / error are one) as
+        evidence; a database failure (judged by SQLSTATE class) latches it
+        too, and never reaches workflow code as an ordinary exception."""
         try:
             return await write
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
             METRICS.leases_lost.inc()
             self.stop(f"lease lost at step {key!r}", lease_lost=True)
-            await self._observe_late(key, value, error)
+            await keep_late_observation(self._store, self._lease, key, value, error,
+                                        observed=observed)
             raise DeliveryStopped(self.stopped) from None
         except asyncio.CancelledError:
             # Stopped mid-write because a renewal found the lease lost: what
             # the step produced is still kept, as evidence.
-            if self.lease_lost and (value is not None or error is not None):
+            if self.lease_lost and observed:
                 await self._observe_late(key, value, error)
             raise
         except Exception as exc:
@@ -768,12 +787,14 @@ def _outcome_unknown(exc: BaseException, transport_errors_unknown: bool) -> bool
 
 
 async def keep_late_observation(store: ExecutionStore, lease: Lease, key: str | None,
-                                value: Any, error: dict | None) -> None:
+                                value: Any, error: dict | None, *,
+                                observed: bool | None = None) -> None:
     """Keep what a stale, stopped or abandoned call answered, as evidence only
     (never applied), and count it; the store compares it with what was
     recorded, and a difference is an integrity conflict."""
     try:
-        conflict = await store.record_late_observation(lease, key, value=value, error=error)
+        conflict = await store.record_late_observation(lease, key, value=value, error=error,
+                                                       observed=observed)
     except InvalidEvent:
         return
     except Exception as exc:

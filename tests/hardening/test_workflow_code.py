@@ -79,7 +79,7 @@ async def test_the_late_result_of_an_abandoned_sync_step_is_kept_only_as_evidenc
 
 
 async def test_a_retry_that_would_start_after_the_deadline_ends_the_execution_timed_out(
-    store, workers
+    store, pool, workers
 ):
     await workers.start()
     eid = "retry-deadline"
@@ -92,6 +92,8 @@ async def test_a_retry_that_would_start_after_the_deadline_ends_the_execution_ti
     assert record["outcome"]["error"]["name"] == "DeadlineExceeded"
     # attempts at 0, 2 s; the third would start at 4 s, past the 3 s deadline
     assert flows.CALLS["always_fails"] == 2
+    step = (await step_rows(pool, eid))["doomed"]
+    assert (step["status"], step["attempts"]) == ("failed", 2)
 
 
 # ------------------------------------------------------------------ effects

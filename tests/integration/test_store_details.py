@@ -428,12 +428,19 @@ async def test_late_observations_are_appended_and_change_no_state(store, clock):
     ids = [o["observation_id"] for o in observed]
     assert ids == sorted(ids)
 
+    # Nothing applied. The first observation differs from B's recorded value:
+    # an integrity conflict, counted on the record and told by one event.
+    assert [o["conflict"] for o in observed[:2]] == [True, None]
     after = await store.get("order-42")
-    assert {k: v for k, v in after.items() if k != "read_at"} == {
-        k: v for k, v in record.items() if k != "read_at"
+    assert after["integrity_conflicts"] == 1
+    assert {k: v for k, v in after.items() if k not in ("read_at", "integrity_conflicts")} == {
+        k: v for k, v in record.items() if k not in ("read_at", "integrity_conflicts")
     }
     assert await store.steps(["order-42"]) == steps
-    assert await store.events("order-42") == events
+    later = await store.events("order-42")
+    assert later[:len(events)] == events
+    assert [(e["kind"], e["token"], e["detail"]["stepKey"]) for e in later[len(events):]] == [
+        ("integrity_conflict", a.lease.token, "charge-card")]
     assert await store.late_observations("other") == []
 
 

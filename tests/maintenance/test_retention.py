@@ -58,11 +58,14 @@ async def test_retention_deletes_only_terminal_rows_past_the_age(pool, settings)
         assert await store.get(kept) is not None
         assert await _count(pool, "execution_events", kept) > 0
     assert await _count(pool, "execution_steps", "old-waiting") == 1
-    # Once deleted, an ID is free again; until then it stays reserved.
-    assert (await store.admit(workflow_id="w", params={}, execution_id="old-done")).status \
-        == "admitted"
-    assert type(await store.admit(workflow_id="w", params={}, execution_id="new-done")).__name__ \
-        == "Conflict"
+    # An ID is never reused: a deleted one is retired (a tombstone keeps it
+    # and its last token); one still recorded is taken.
+    retired = await store.admit(workflow_id="w", params={}, execution_id="old-done")
+    assert (type(retired).__name__, retired.status) == ("Conflict", "retired")
+    assert await pool.fetchval(
+        "SELECT last_token FROM retired_executions WHERE execution_id = 'old-done'") >= 1
+    taken = await store.admit(workflow_id="w", params={}, execution_id="new-done")
+    assert (type(taken).__name__, taken.status) == ("Conflict", "completed")
 
 
 async def test_retention_with_nothing_to_do_deletes_nothing(pool, settings):

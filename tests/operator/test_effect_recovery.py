@@ -205,7 +205,8 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
 
 async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: asyncpg.Pool,
                                     api: httpx.AsyncClient, *, hang: str,
-                                    a_settings: dict | None = None) -> None:
+                                    a_settings: dict | None = None,
+                                    hold_renewals: bool = False) -> None:
     """A is SIGSTOPped inside the remote call (after the remote charged), its
     lease expires, B calls again (idempotent: deduplicated) and completes; then
     A is continued, its call returns, and its fenced write is rejected: the
@@ -223,8 +224,25 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
         done = await wait_status(store, eid, "completed", timeout=15)
         steps_before = await pool.fetch(
             "SELECT * FROM execution_steps WHERE execution_id = $1 ORDER BY step_key", eid)
+        if hold_renewals:
+            # A's renewals skip a row locked FOR SHARE (neither renewed nor
+            # lost), its fenced step write does not: the write is what tells A.
+            holder = await pool.acquire()
+            held_lock = holder.transaction()
+            await held_lock.start()
+            await holder.execute("SELECT 1 FROM executions WHERE execution_id = $1 FOR SHARE", eid)
     finally:
         a.send(signal.SIGCONT)
+    if hold_renewals:
+        async def a_rejected() -> bool:
+            return any(e["token"] == 1
+                       for e in await events_of(store, eid, "fenced_write_rejected"))
+
+        try:
+            await wait_for(a_rejected, timeout=20, what="A's fenced write rejected")
+        finally:
+            await held_lock.commit()
+            await pool.release(holder)
 
     async def late() -> list[dict]:
         return (await api.get(f"/v1/executions/{eid}/late-observations")).json()[
@@ -265,12 +283,13 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
 
 async def test_sigstopped_inside_an_effect_its_result_is_a_late_observation(
         procs: Procs, store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
-    # A renews too rarely for a renewal to come first after SIGCONT: its lease
-    # (3 s from the claim) runs out while it is stopped, and the effect's own
-    # fenced write is what tells it (the test below: when a renewal comes first).
+    # A's lease (3 s) runs out while it is stopped; after SIGCONT its renewals
+    # are held off the row, so the effect's own fenced write is what tells it
+    # (the test below: when a renewal comes first).
     await sigstop_inside_the_effect(
         procs, store, pool, api, hang="until_resumed",
-        a_settings={"FENCEPOST_LEASE_SECONDS": 3, "FENCEPOST_RENEW_SECONDS": 60})
+        a_settings={"FENCEPOST_LEASE_SECONDS": 3, "FENCEPOST_RENEW_SECONDS": 1},
+        hold_renewals=True)
 
 
 async def test_sigstopped_effect_answering_after_the_first_renewal_leaves_a_late_observation(

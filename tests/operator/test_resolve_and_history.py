@@ -159,8 +159,9 @@ async def test_events_and_late_observations(
     events = (await api.get(f"/v1/executions/{eid}/events")).json()
     assert events["nextAfter"] is None
     got = [(e["kind"], e["token"]) for e in events["events"]]
+    # A's late {"late": true} differs from the recorded 1: an integrity conflict.
     assert got == [("admitted", None), ("claimed", 1), ("lease_expired", 1), ("claimed", 2),
-                   ("step_recorded", 2), ("acknowledged", 2)], got
+                   ("step_recorded", 2), ("acknowledged", 2), ("integrity_conflict", 1)], got
     assert events["events"][1]["detail"] == {"owner": "A"}
     assert events["events"][2]["detail"]["owner"] == "A"
 
