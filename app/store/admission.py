@@ -9,7 +9,6 @@ from typing import Any
 import asyncpg
 
 from app.store.types import (
-    _RECORD_COLUMNS,
     _TERMINAL_SQL,
     NOTIFY_CHANNEL,
     Admitted,
@@ -20,11 +19,13 @@ from app.store.types import (
     _encode_cursor,
     _step,
     decode_cursor,
+    record_columns,
 )
 
 
 class AdmissionStatements:
     pool: asyncpg.Pool
+    max_unacknowledged: int
     redelivery_base: float
     redelivery_cap: float
 
@@ -118,7 +119,8 @@ class AdmissionStatements:
 
     async def get(self, execution_id: str) -> dict | None:
         row = await self.pool.fetchrow(
-            f"SELECT {_RECORD_COLUMNS} FROM executions WHERE execution_id = $3",
+            f"SELECT {record_columns(self.max_unacknowledged)} FROM executions "
+            "WHERE execution_id = $3",
             self.redelivery_base,
             self.redelivery_cap,
             execution_id,
@@ -141,7 +143,7 @@ class AdmissionStatements:
         after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
         rows = await self.pool.fetch(
             f"""
-            SELECT * FROM (SELECT {_RECORD_COLUMNS} FROM executions
+            SELECT * FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
                            WHERE ($4::text IS NULL OR workflow_id = $4)
                              AND ($9::text IS NULL OR admitted_by = $9)
                              AND ($10::text IS NULL OR parent_execution_id = $10)

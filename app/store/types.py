@@ -14,9 +14,6 @@ import asyncpg
 
 from app.schema import TERMINAL_STATUSES
 
-# Settings.max_unacknowledged_deliveries' default.
-DEFAULT_MAX_UNACKNOWLEDGED = 25
-
 NOTIFY_CHANNEL = "fencepost_due"
 
 
@@ -212,16 +209,6 @@ def record_columns(threshold: int) -> str:
         AS lease_expires_at,
     now() AS read_at
 """
-
-
-def __getattr__(name: str) -> str:
-    # `_RECORD_COLUMNS`: the healed record under the default poison threshold,
-    # built on first use (see record_columns). Prefer
-    # record_columns(store.max_unacknowledged): this one predicts poison
-    # parking for the default setting only.
-    if name == "_RECORD_COLUMNS":
-        return record_columns(DEFAULT_MAX_UNACKNOWLEDGED)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _encode_cursor(admitted_at: datetime, execution_id: str) -> str:

@@ -259,10 +259,6 @@ async def test_reads_use_the_stores_own_poison_threshold(pool: asyncpg.Pool) -> 
     assert (await store.metrics_snapshot())["parked"] == {"poison": 1}
 
 
-# Needs app/store/admission.py's get/list to select
-# record_columns(self.max_unacknowledged) instead of _RECORD_COLUMNS (the
-# default threshold); strict, so the marker goes when that lands.
-@pytest.mark.xfail(strict=True, reason="admission.py get/list heal with the default threshold")
 async def test_get_and_list_use_the_stores_own_poison_threshold(pool: asyncpg.Pool) -> None:
     store = ExecutionStore(pool, max_unacknowledged_deliveries=3)
     eid = await admit(store, "op-quick", "heal-threshold-get")
