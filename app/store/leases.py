@@ -231,7 +231,7 @@ class LeaseStatements:
         covered wakes stay pending and the redelivery delay starts now; a
         pending cancel, a deadline the redelivery would pass, or the poison
         threshold end it instead, in the same transaction."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async def end(conn: asyncpg.Connection) -> None:
             row = await conn.fetchrow(
                 """
                 WITH r AS (
@@ -265,6 +265,8 @@ class LeaseStatements:
             if row is None:
                 raise LeaseLost(lease.execution_id, lease.token)
             await self._settle(conn, [lease.execution_id])
+
+        await self.pool.run_in_transaction(end)
 
     async def acknowledge(
         self,
@@ -368,7 +370,7 @@ class LeaseStatements:
         """End expired leases: status back to suspended/admitted, counter +1,
         covered wakes pending again, redelivery delay counted from the expiry;
         then, in the same transaction, cancel / time out / park as the rules say."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async def reap(conn: asyncpg.Connection) -> list[str]:
             rows = await conn.fetch(
                 """
                 WITH expired AS (
@@ -406,4 +408,7 @@ class LeaseStatements:
             )
             ids = [r["execution_id"] for r in rows]
             await self._settle(conn, ids)
+            return ids
+
+        ids = await self.pool.run_in_transaction(reap)
         return ReapResult(len(ids), ids)
