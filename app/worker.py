@@ -291,17 +291,17 @@ class Worker:
         # Token 1 is the first claim ever: no holder can have recorded a
         # step yet, so there is nothing to read.
         replays = [d.lease.execution_id for d in deliveries if d.lease.token > 1]
-        firsts = {d.lease.execution_id: {} for d in deliveries if d.lease.token == 1}
+        none_yet = {d.lease.execution_id: {} for d in deliveries}
         if not replays:
-            return firsts
+            return none_yet
         try:
-            return {**firsts, **await self.store.steps(replays)}
+            return {**none_yet, **await self.store.steps(replays)}
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
             self.log.warning("reading the steps of %d claimed executions failed (%s); "
                              "each delivery reads its own", len(replays), exc)
-            return firsts
+            return {eid: steps for eid, steps in none_yet.items() if eid not in replays}
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep until woken (notify, a freed slot, stop) or `seconds` pass."""
@@ -395,18 +395,20 @@ class Worker:
             await self._finish(lease, "park", step_key=exc.step_key)
         except Retry as exc:
             await self._finish(lease, "retry", error=error_of(exc))
-        except DeliveryStopped as exc:
-            self._stopped(lease, str(exc))
-        except asyncio.CancelledError:
+        except (DeliveryStopped, asyncio.CancelledError) as exc:
             if running is not None and running.forced:
                 # Stopped by this worker as its lease ran out after a cancel
-                # or the deadline: the fenced acknowledgement says so.
+                # or the deadline (the code's `finally:` may have met the
+                # latch meanwhile): the fenced acknowledgement says so.
                 kind = "cancelled" if running.forced == "cancel" else "timed_out"
                 await self._finish(lease, kind, error={
                     "name": "Cancelled" if kind == "cancelled" else "DeadlineExceeded",
                     "message": "the workflow code did not reach its next step before its "
                                f"lease ran out after the {running.forced}",
                 })
+                return
+            if isinstance(exc, DeliveryStopped):
+                self._stopped(lease, str(exc))
                 return
             self.log.info("delivery of %s (token %d) cancelled", eid, lease.token,
                           extra=_ids(lease))

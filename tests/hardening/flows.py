@@ -212,3 +212,12 @@ async def _conflicting_tx(conn, eid: str, fail_times: int) -> dict:
 async def hard_tx_conflict(ctx: WorkflowContext, params: dict) -> dict:
     return await ctx.transaction("tx", _conflicting_tx, ctx.execution_id,
                                  int(params["fail_times"]))
+
+
+@workflow("hard-hang-finally")
+async def hard_hang_finally(ctx: WorkflowContext, params: dict) -> str:
+    """A step that never returns, with a cleanup step in `finally:`."""
+    try:
+        return await ctx.step("hang", hang_async, ctx.execution_id, 3600.0)
+    finally:
+        await ctx.step("cleanup", lambda: _count("cleanup"))

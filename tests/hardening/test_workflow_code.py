@@ -15,6 +15,7 @@ from tests.sdk.helpers import (
     events_of,
     fast_forward_timer,
     step_rows,
+    wait_event,
     wait_status,
     wait_until,
 )
@@ -295,3 +296,22 @@ async def test_the_acknowledgement_cannot_lose_a_race_to_the_drain_release(store
     record = await store.get(eid)
     assert record["status"] == "completed", record
     assert not await events_of(store, eid, "released")
+
+
+async def test_a_holder_stopped_after_a_cancel_acknowledges_even_when_its_finally_meets_the_latch(
+    store, pool, workers
+):
+    """The step never returns; after the cancel the worker stops the delivery
+    at the end of its lease. The code's `finally:` then asks for a step: the
+    latch refuses it, and the worker still ends the delivery itself (a fenced
+    acknowledgement), not by letting the lease lapse."""
+    await workers.start()
+    eid = await admit(store, "hard-hang-finally", "hang-finally")
+    await wait_until(lambda: flows.CALLS.get("hang_async"), what="inside the hung step")
+    await store.request_cancel(eid, "test")
+
+    [ack] = await wait_event(store, eid, "acknowledged", timeout=5)
+    assert ack["detail"]["status"] == "cancelled"
+    assert (await store.get(eid))["status"] == "cancelled"
+    assert not await events_of(store, eid, "lease_expired")
+    assert "cleanup" not in flows.CALLS
