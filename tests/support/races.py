@@ -1,6 +1,6 @@
 """Race tests that prove their interleavings happened.
 
-Two tools, for the two ways a race test can show each allowed interleaving
+Tools for the two ways a race test can show that each allowed interleaving
 occurred (issue 10, item 15):
 
   Outcomes       count each round's outcome; `rounds()` runs at least the
@@ -17,8 +17,12 @@ occurred (issue 10, item 15):
                  row last, so gating `execution_events` on the statement's event
                  kind holds it with its `executions` row locked.
 
+  RowLock        hold one `executions` row from a connection of its own, so
+                 racers queue on it in the order they are started.
+
   lock_waiters   how many sessions of this database wait for a lock (of one
-                 kind: "advisory" for a gated statement, "row" for a row lock).
+                 kind: "advisory" for a gated statement, "row" for a row lock);
+                 until_waiting polls it (a timeout lists the sessions).
   wait_until     poll a condition (never a fixed sleep).
 """
 
@@ -74,7 +78,20 @@ async def until_waiting(pool: asyncpg.Pool, n: int, kind: str = "any", *,
     async def check() -> bool:
         return bool(also and also()) or await lock_waiters(pool, kind, query) >= n
 
-    await wait_until(check, what=f"{n} session(s) waiting for a {kind} lock: {what}")
+    try:
+        await wait_until(check, what=f"{n} session(s) waiting for a {kind} lock: {what}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{await activity(pool)}") from None
+
+
+async def activity(pool: asyncpg.Pool) -> str:
+    """This database's sessions, what they wait for and run (for failure messages)."""
+    rows = await pool.fetch(
+        "SELECT pid, state, wait_event_type, wait_event, left(query, 100) AS query "
+        "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    return "sessions:\n" + "\n".join(
+        f"  {r['pid']} {r['state']} {r['wait_event_type']}/{r['wait_event']}: "
+        f"{' '.join((r['query'] or '').split())}" for r in rows)
 
 
 class Outcomes:
@@ -168,7 +185,10 @@ class StatementGate:
                 "(SELECT oid FROM pg_database WHERE datname = current_database())",
                 self.key) >= n
 
-        await wait_until(check, what=f"{n} statement(s) held at {self.name} ({self.when})")
+        try:
+            await wait_until(check, what=f"{n} statement(s) held at {self.name} ({self.when})")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{await activity(self.pool)}") from None
 
     async def open(self) -> None:
         if self._holder is not None:
