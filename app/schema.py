@@ -137,6 +137,14 @@ Index(
 # Operator listing: newest first per status, and the counter filter.
 Index("ix_executions_status_admitted", executions.c.status, executions.c.admitted_at)
 Index("ix_executions_workflow_admitted", executions.c.workflow_id, executions.c.admitted_at)
+# A trigger token's own executions, newest first; and admittedAt ranges.
+Index(
+    "ix_executions_admitted_by_admitted",
+    executions.c.admitted_by,
+    executions.c.admitted_at,
+    postgresql_where=text("admitted_by IS NOT NULL"),
+)
+Index("ix_executions_admitted", executions.c.admitted_at)
 Index(
     "ix_executions_unacknowledged",
     executions.c.unacknowledged_deliveries,
@@ -219,6 +227,11 @@ signals = Table(
     Column("name", Text, nullable=False),
     Column("payload", JSONB, nullable=True),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Who sent it: the API token (ID, name, role), or the operator through the
+    # dashboard; NULL for signals stored before senders were recorded.
+    Column("sender_token_id", Text, nullable=True),
+    Column("sender_name", Text, nullable=True),
+    Column("sender_role", Text, nullable=True),
     # Set once, by the fenced step that consumed the signal; never cleared.
     Column("consumed_step", Text, nullable=True),
     Column("consumed_token", BigInteger, nullable=True),
@@ -280,8 +293,34 @@ api_tokens = Table(
     Column("secret_sha256", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
+    # Quotas: most admissions / signals per minute for this token; NULL: none.
+    Column("admissions_per_minute", Integer, nullable=True),
+    Column("signals_per_minute", Integer, nullable=True),
     CheckConstraint("role IN ('trigger', 'read', 'operate')", name="role_known"),
+    CheckConstraint(
+        "coalesce(admissions_per_minute, 1) > 0 AND coalesce(signals_per_minute, 1) > 0",
+        name="quotas_positive",
+    ),
 )
+
+# Dashboard sessions: the cookie holds a random session ID, stored here only
+# as its SHA-256. A session ends at its expiry, at logout, or when its token
+# is revoked (the token's row is read with the session).
+ui_sessions = Table(
+    "ui_sessions",
+    metadata,
+    Column("session_sha256", Text, primary_key=True),
+    Column(
+        "token_id",
+        Text,
+        ForeignKey("api_tokens.token_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+)
+Index("ix_ui_sessions_token", ui_sessions.c.token_id)
 
 # Schedules: a cron expression in a time zone; each slot is admitted as the
 # execution `{schedule_id}:{slot in UTC}`, so the unique execution ID makes a
@@ -307,3 +346,16 @@ schedules = Table(
     CheckConstraint("catch_up IS NULL OR catch_up >= 1", name="catch_up_positive"),
 )
 Index("ix_schedules_workflow_id", schedules.c.workflow_id)
+
+# A schedule's own history (created, fired, skipped, paused, resumed,
+# deleted), apart from the executions' events: no execution ID can reach it.
+schedule_events = Table(
+    "schedule_events",
+    metadata,
+    Column("event_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("schedule_id", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("kind", Text, nullable=False),
+    Column("detail", JSONB, nullable=True),
+)
+Index("ix_schedule_events_schedule_id", schedule_events.c.schedule_id, schedule_events.c.event_id)

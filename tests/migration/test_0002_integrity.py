@@ -50,7 +50,7 @@ async def test_0002_upgrades_a_database_holding_data(empty_database_url):
     await migrate.upgrade(url, "0001")
     await _seed_0001(url)
 
-    await migrate.upgrade(url)
+    await migrate.upgrade(url, "0002")
 
     assert await migrate.current_revision(url) == "0002"
     conn = await asyncpg.connect(url)
