@@ -1,0 +1,258 @@
+"""Shared fixtures for the tenancy tests (issue 11): the real app with
+FENCEPOST_AUTH=enabled on the per-test migrated database, four tokens (two
+trigger tokens for two tenants, an operate token, a read token), an
+in-process client and a real uvicorn server for raw-socket attacks.
+
+  tenancy_settings   `settings` with auth enabled and no workflow registry
+  store              ExecutionStore on the test pool
+  make_token         `t = await make_token("trigger", "tenant-a")` -> Token (created the way
+                     `fencepost tokens create` creates one)
+  tokens             Tokens(a=trigger "tenant-a", b=trigger "tenant-b", operate=operate "ops",
+                     read=read "auditor"), created in the test database
+  make_api           `api = await make_api(settings=None, workflows=None)`: an httpx client on a
+                     fresh create_app(...) with its lifespan running (in-process ASGI)
+  api                one such client on tenancy_settings
+  make_server        `srv = await make_server(settings=None, workflows=None)`: create_app(...)
+                     served by a real uvicorn on 127.0.0.1:<free port> (own thread and loop);
+                     srv.base, srv.port, srv.client() -> httpx.AsyncClient; stopped after
+  server             one such server on tenancy_settings
+  admit_as           `eid = await admit_as(api, token, "eid", workflow_id="wf", params={})`:
+                     POST /v1/executions as `token`, asserting 201
+
+Helpers (import from tests.tenancy.conftest): Token, Tokens, headers(token),
+raw_connect(port), send_head(sock, method, path, token, length, extra=None),
+read_response(sock) -> (status, headers, body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+import uvicorn
+
+from app.api.app import create_app
+from app.api.auth import new_token
+from app.settings import Settings
+from app.store import ExecutionStore
+
+BASE_URL = "http://fencepost.test"
+
+
+@dataclass(frozen=True)
+class Token:
+    token: str
+    token_id: str
+    name: str
+    role: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@dataclass(frozen=True)
+class Tokens:
+    a: Token        # trigger, "tenant-a"
+    b: Token        # trigger, "tenant-b"
+    operate: Token  # operate, "ops"
+    read: Token     # read, "auditor"
+
+
+def headers(token: Token | str) -> dict[str, str]:
+    value = token.token if isinstance(token, Token) else token
+    return {"Authorization": f"Bearer {value}"}
+
+
+@pytest.fixture
+def tenancy_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"auth": "enabled", "workflows": ""})
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, tenancy_settings: Settings) -> ExecutionStore:
+    return ExecutionStore.from_settings(pool, tenancy_settings)
+
+
+@pytest.fixture
+def make_token(store: ExecutionStore) -> Callable:
+    async def _make(role: str, name: str) -> Token:
+        token_id, token, digest = new_token()
+        await store.create_token(token_id, name=name, role=role, secret_sha256=digest)
+        return Token(token, token_id, name, role)
+
+    return _make
+
+
+@pytest_asyncio.fixture
+async def tokens(make_token: Callable) -> Tokens:
+    return Tokens(
+        a=await make_token("trigger", "tenant-a"),
+        b=await make_token("trigger", "tenant-b"),
+        operate=await make_token("operate", "ops"),
+        read=await make_token("read", "auditor"),
+    )
+
+
+@contextlib.asynccontextmanager
+async def app_client(settings: Settings, workflows=None) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, workflows=workflows)
+    async with app.router.lifespan_context(app):
+        # raise_app_exceptions=False: an unhandled exception is the 500 a real server sends.
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as c:
+            c.app = app  # type: ignore[attr-defined]
+            yield c
+
+
+@pytest_asyncio.fixture
+async def make_api(tenancy_settings: Settings) -> AsyncIterator[Callable]:
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def _make(settings: Settings | None = None, workflows=None) -> httpx.AsyncClient:
+            return await stack.enter_async_context(
+                app_client(settings or tenancy_settings, workflows))
+
+        yield _make
+
+
+@pytest_asyncio.fixture
+async def api(make_api: Callable) -> httpx.AsyncClient:
+    return await make_api()
+
+
+class LiveServer:
+    """create_app(settings, workflows) served by uvicorn on 127.0.0.1:<free port>,
+    from a thread with its own event loop (a real HTTP/1.1 server: raw sockets work)."""
+
+    def __init__(self, settings: Settings, workflows=None, **uvicorn_options) -> None:
+        self.app = create_app(settings, workflows=workflows)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, loop="asyncio", log_level="warning", lifespan="on",
+                                access_log=False, **uvicorn_options)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="tenancy-test-server", daemon=True)
+
+    async def start(self) -> LiveServer:
+        self.thread.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not self.server.started:
+            assert self.thread.is_alive(), "the test server failed to start (see the log)"
+            assert loop.time() < deadline, "the test server did not start in 20 s"
+            await asyncio.sleep(0.02)
+        return self
+
+    def client(self, **kw) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base, timeout=kw.pop("timeout", 30), **kw)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await asyncio.to_thread(self.thread.join, 15)
+        self.sock.close()
+
+
+@pytest_asyncio.fixture
+async def make_server(tenancy_settings: Settings) -> AsyncIterator[Callable]:
+    servers: list[LiveServer] = []
+
+    async def _make(settings: Settings | None = None, workflows=None, **uvicorn_options) -> LiveServer:
+        srv = LiveServer(settings or tenancy_settings, workflows, **uvicorn_options)
+        servers.append(srv)
+        return await srv.start()
+
+    try:
+        yield _make
+    finally:
+        for srv in servers:
+            with contextlib.suppress(Exception):
+                await srv.stop()
+
+
+@pytest_asyncio.fixture
+async def server(make_server: Callable) -> LiveServer:
+    return await make_server()
+
+
+@pytest.fixture
+def admit_as() -> Callable:
+    async def _admit(api: httpx.AsyncClient, token: Token | None, execution_id: str | None = None,
+                     workflow_id: str = "wf", params=None, **body) -> str:
+        payload = {"workflowId": workflow_id, "params": {} if params is None else params, **body}
+        if execution_id is not None:
+            payload["executionId"] = execution_id
+        r = await api.post("/v1/executions", json=payload,
+                           headers=headers(token) if token is not None else None)
+        assert r.status_code == 201, r.text
+        return r.json()["executionId"]
+
+    return _admit
+
+
+# -- raw sockets: requests whose body is held back ---------------------------------
+
+async def raw_connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def send_head(writer: asyncio.StreamWriter, method: str, path: str, token: Token | str | None,
+                    length: int | None, extra: dict[str, str] | None = None) -> None:
+    """Send the request line and headers only (Content-Length: `length`), no body."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    if token is not None:
+        lines.append(f"Authorization: {headers(token)['Authorization']}")
+    if length is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {length}"]
+    for k, v in (extra or {}).items():
+        lines.append(f"{k}: {v}")
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    await writer.drain()
+
+
+async def read_response(reader: asyncio.StreamReader, timeout: float = 30
+                        ) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers lower-cased, body) of one response on a Connection: close socket."""
+    raw = await asyncio.wait_for(reader.read(-1), timeout)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines and lines[0].startswith("HTTP/1.1 "), raw[:200]
+    status = int(lines[0].split(" ")[1])
+    hdrs = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    if hdrs.get("transfer-encoding") == "chunked":
+        body = _dechunk(body)
+    return status, hdrs, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        data = rest[size + 2:]
+    return out
+
+
+def error_code(body: bytes) -> str | None:
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return json.loads(body)["error"]["code"]
+    return None
