@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     )
     redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay.")
     max_payload_bytes: int = Field(262144, gt=0, description="Largest accepted request body.")
+    body_timeout_seconds: float = Field(
+        5.0, gt=0, description="Longest the API waits for a request body to arrive in full (408 after)."
+    )
     max_unacknowledged_deliveries: int = Field(
         25, gt=0, description="Unacknowledged deliveries after which an execution is parked as poison."
     )
