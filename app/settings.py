@@ -71,6 +71,21 @@ class Settings(BaseSettings):
         description="How often each worker evaluates the schedules of its workflows; a slot is "
         "admitted at most this long after its time.",
     )
+    quota_refresh_seconds: float = Field(
+        5.0, gt=0, le=300,
+        description="How often each API process re-reads the tokens' quotas from Postgres; a "
+        "quota set or changed with `fencepost tokens` applies within this long.",
+    )
+    api_processes: int = Field(
+        1, gt=0,
+        description="API processes sharing the traffic: each enforces its share (1/N) of every "
+        "token quota, so N processes together allow the quota.",
+    )
+    api_docs: bool = Field(
+        False,
+        description="Serve /docs (Swagger UI) and /redoc, which load their scripts from a CDN; "
+        "`fencepost dev` turns them on. /openapi.json is always served.",
+    )
 
     @model_validator(mode="after")
     def _settings_that_can_work(self) -> Settings:
