@@ -295,5 +295,9 @@ def next_slot(cron: Cron, tz: ZoneInfo, after: datetime) -> datetime | None:
 
 
 def slot_id(schedule_id: str, slot: datetime) -> str:
-    """The execution ID a slot is admitted under: `{schedule}:{UTC minute}Z`."""
-    return f"{schedule_id}:{slot.astimezone(UTC).strftime('%Y-%m-%dT%H:%MZ')}"
+    """The execution ID a slot is admitted under: `{schedule}~{UTC minute}Z`.
+    `~` is outside the client ID alphabet, so no client can admit a slot's ID
+    first (and suppress the run); slots fired before this form kept `:`."""
+    from app.registry import SYSTEM_ID_SEPARATOR
+
+    return f"{schedule_id}{SYSTEM_ID_SEPARATOR}{slot.astimezone(UTC).strftime('%Y-%m-%dT%H:%MZ')}"

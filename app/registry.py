@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -22,9 +22,15 @@ from pydantic import BaseModel, ValidationError
 from app import cron
 
 ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-# A schedule's slots are admitted as `{scheduleId}:{YYYY-MM-DDTHH:MMZ}`, which
-# must itself be a valid execution ID: 182 + 18 characters.
+# IDs fencepost derives (children `{parent}~{key}`, schedule slots
+# `{scheduleId}~{YYYY-MM-DDTHH:MMZ}`) join their parts with `~`, which is
+# outside the client ID alphabet above: admission refuses it from clients
+# (422 RESERVED_EXECUTION_ID), so no client can take a derived ID first.
+SYSTEM_ID_SEPARATOR = "~"
+# A slot ID is the schedule ID + 18 characters, within the 200 of an ID.
 SCHEDULE_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,182}$")
+# Roles a workflow may require of a signal's sender (`signals=`).
+SIGNAL_ROLES = ("trigger", "operate")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,14 @@ class WorkflowDefinition:
     version: str | None = None
     # Default bound of each step attempt (seconds); `ctx.step(timeout=)` overrides.
     step_timeout: float | None = None
+    # Signal name -> the roles that may send it (any of them); signals not
+    # named here may be sent by any token allowed to signal the execution.
+    signal_roles: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def may_signal(self, name: str, roles: frozenset[str] | set[str]) -> bool:
+        """Whether a sender holding `roles` may send signal `name`."""
+        required = self.signal_roles.get(name)
+        return required is None or bool(required & set(roles))
 
     def parse_params(self, raw: Any) -> Any:
         """The value handed to workflow code: a model instance when declared."""
@@ -62,13 +76,18 @@ class WorkflowRegistrationError(ValueError):
 def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timeout: float | timedelta | None = None, schedule: str | None = None,
              timezone: str | None = None, version: str | None = None,
-             step_timeout: float | timedelta | None = None):
+             step_timeout: float | timedelta | None = None,
+             signals: Mapping[str, str | Iterable[str]] | None = None):
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
     `step_timeout`: the default bound of each step attempt (StepTimeout past it).
     `schedule`: a five-field cron expression (see app.cron) evaluated in
     `timezone` (IANA name, default UTC); workers running this workflow admit
-    each slot once, as `{workflow_id}:{slot in UTC}`, with params {}."""
+    each slot once, as `{workflow_id}~{slot in UTC}`, with params {}.
+    `signals`: who may send a signal, by name: {"approval": "operate"} lets
+    only operate tokens (and the dashboard's operators) send `approval`; others
+    get 403 FORBIDDEN and nothing is stored. A role or a list of roles from
+    "trigger", "operate"."""
     if not ID_RE.match(workflow_id):
         raise WorkflowRegistrationError(
             f"workflow ID {workflow_id!r} must be 1-200 characters from A-Z a-z 0-9 . _ : -"
@@ -85,6 +104,8 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
     )
     if step_timeout_seconds is not None and not step_timeout_seconds > 0:
         raise WorkflowRegistrationError(f"step_timeout= of {workflow_id!r} must be positive")
+
+    signal_roles = _signal_roles(workflow_id, signals)
 
     if schedule is not None or timezone is not None:
         _check_schedule(workflow_id, params, schedule, timezone)
@@ -105,11 +126,37 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
         _registry[workflow_id] = WorkflowDefinition(
             workflow_id, fn, params, fn.__module__, timeout_seconds,
             schedule=schedule, timezone=timezone, version=version,
-            step_timeout=step_timeout_seconds,
+            step_timeout=step_timeout_seconds, signal_roles=signal_roles,
         )
         return fn
 
     return register
+
+
+def _signal_roles(workflow_id: str, signals: Mapping[str, str | Iterable[str]] | None
+                  ) -> dict[str, frozenset[str]]:
+    if signals is None:
+        return {}
+    if not isinstance(signals, Mapping):
+        raise WorkflowRegistrationError(
+            f"signals= of {workflow_id!r} must map signal names to roles, "
+            'for example {"approval": "operate"}'
+        )
+    out = {}
+    for name, roles in signals.items():
+        if not isinstance(name, str) or not ID_RE.match(name):
+            raise WorkflowRegistrationError(
+                f"signals= of {workflow_id!r}: signal name {name!r} must be 1-200 characters "
+                "from A-Z a-z 0-9 . _ : -"
+            )
+        wanted = frozenset([roles] if isinstance(roles, str) else roles)
+        if not wanted or not wanted <= set(SIGNAL_ROLES):
+            raise WorkflowRegistrationError(
+                f"signals= of {workflow_id!r}: signal {name!r} needs one or more roles from "
+                f"{', '.join(SIGNAL_ROLES)} (got {roles!r})"
+            )
+        out[name] = wanted
+    return out
 
 
 def _check_schedule(workflow_id: str, params: type[BaseModel] | None, schedule: str | None,

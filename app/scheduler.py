@@ -4,7 +4,7 @@ Every worker runs one, for the workflows it runs. `run_once()` takes each
 unpaused schedule of those workflows in turn, locks it (another worker
 evaluating it right now means this one moves on), computes the slots in
 (last_slot, now] with the database clock, admits the newest `catch_up` of
-them as `{schedule_id}:{slot in UTC}` with the schedule's params, records
+them as `{schedule_id}~{slot in UTC}` with the schedule's params, records
 any older ones as skipped, and moves last_slot to now, all before the lock
 is released.
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
-from app.registry import WorkflowDefinition, workflow
+from app.registry import SYSTEM_ID_SEPARATOR, WorkflowDefinition, workflow
 from app.store import (
     Delivery,
     ExecutionStore,
@@ -36,6 +36,7 @@ from app.store import (
     StepRecord,
     TransactionFailed,
 )
+from app.store.signals import signal_function_name
 
 __all__ = [
     "workflow",
@@ -51,6 +52,8 @@ __all__ = [
     "NOT_FOUND",
     "ChildFailed",
     "StepTimeout",
+    "ReceivedSignal",
+    "SignalSender",
 ]
 
 
@@ -91,6 +94,36 @@ class SignalTimeout(TimeoutError):
         self.signal_name = name
         self.step_key = step_key
         super().__init__(f"no signal {name!r} arrived in time (step {step_key!r})")
+
+
+@dataclass(frozen=True)
+class SignalSender:
+    """Who sent a signal: `token_id` and `name` of the API token (or, through
+    the dashboard, the operator's token and actor name), and its `role`
+    ("trigger" or "operate"). `token_id` is None when authentication is
+    disabled (name "anonymous")."""
+
+    token_id: str | None
+    name: str
+    role: str
+
+
+@dataclass(frozen=True)
+class ReceivedSignal:
+    """What `wait_for_signal(..., with_sender=True)` returns."""
+
+    payload: Any
+    sender: SignalSender | None
+
+    @classmethod
+    def from_recorded(cls, value: Any) -> ReceivedSignal:
+        value = value if isinstance(value, dict) else {}
+        sender = value.get("sender")
+        return cls(
+            value.get("payload"),
+            SignalSender(sender.get("tokenId"), sender.get("name"), sender.get("role"))
+            if isinstance(sender, dict) else None,
+        )
 
 
 class ReplayError(Exception):
@@ -475,14 +508,17 @@ class WorkflowContext:
     async def start_child(self, key: str, workflow_id: str, params: Any = None, *,
                           execution_id: str | None = None) -> str:
         """Admit a child execution once, whatever replays or stale holders do:
-        its ID (default "{execution_id}:{key}") and the link to this step are
-        the receipt. Returns the child's execution ID. An `execution_id` taken
-        by an unrelated execution fails the step (StepFailed, ExecutionIdConflict)."""
+        its ID (default "{execution_id}~{key}": `~` is outside the client ID
+        alphabet, so no client can admit it first) and the link to this step
+        are the receipt. Returns the child's execution ID (a replay returns the
+        recorded one, whatever form it was started under). An `execution_id`
+        taken by an unrelated execution fails the step (StepFailed,
+        ExecutionIdConflict)."""
         self._gate()
         recorded = self._take(key, f"child:{workflow_id}")
         if recorded is not None:
             return self._replay(recorded)
-        child_id = execution_id or f"{self.execution_id}:{key}"
+        child_id = execution_id or f"{self.execution_id}{SYSTEM_ID_SEPARATOR}{key}"
         definition = self._workflows.get(workflow_id)
         if definition is not None:
             definition.parse_params(params if params is not None else {})
@@ -554,32 +590,37 @@ class WorkflowContext:
         await self._timer(key, until=when)
 
     async def wait_for_signal(self, name: str, timeout: float | timedelta | None = None, *,
-                              key: str | None = None) -> Any:
+                              key: str | None = None, with_sender: bool = False) -> Any:
         """Return the payload of the oldest unconsumed signal `name`, consuming
         it through a fenced step (`key`, default `signal:{name}`). With no
         signal pending, the delivery suspends until one arrives; past
-        `timeout`, raises SignalTimeout (recorded, so replays agree)."""
+        `timeout`, raises SignalTimeout (recorded, so replays agree).
+        `with_sender=True` returns a ReceivedSignal (.payload, .sender: who sent
+        it, a SignalSender, or None for a signal stored before senders were
+        recorded); the step records both, so replays return the same."""
         self._gate()
         key = key or f"signal:{name}"
-        fname = f"signal:{name}"
+        fname = signal_function_name(name, with_sender)
         timer_key = f"{key}:timeout"
         recorded = self._take(key, fname)
         if recorded is None:
-            recorded = await self._fenced(self._store.consume_signal(self._lease, key, name), key)
+            recorded = await self._fenced(
+                self._store.consume_signal(self._lease, key, name, with_sender=with_sender), key)
         if recorded is not None:
             self.notice(recorded.interrupt)
             # The timeout timer, recorded by an earlier delivery, is settled too.
             if timer_key in self._steps:
                 self._used.add(timer_key)
             self._steps[key] = recorded
-            return self._replay_signal(recorded, name)
+            return self._replay_signal(recorded, name, with_sender)
         wake_at = None
         if timeout is not None:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
             wake_at = await self._timer_due_at(timer_key, delay=seconds)
             if wake_at is None:  # the timeout has passed
                 error = {"name": "SignalTimeout", "message": f"no signal {name!r} arrived in time"}
-                return self._replay_signal(await self._record(key, fname, 1, error=error), name)
+                return self._replay_signal(await self._record(key, fname, 1, error=error), name,
+                                           with_sender)
         self.suspended_on = {"signal": name, "until": wake_at}
         raise Suspend(f"waiting for signal {name!r}")
 
@@ -682,9 +723,11 @@ class WorkflowContext:
         raise DeadlineExceeded(f"the retry of step {key!r} would start after the "
                                "execution's deadline")
 
-    def _replay_signal(self, record: StepRecord, name: str) -> Any:
+    def _replay_signal(self, record: StepRecord, name: str, with_sender: bool = False) -> Any:
         if record.status == "failed":
             raise SignalTimeout(name, record.step_key)
+        if with_sender:
+            return ReceivedSignal.from_recorded(record.value)
         return record.value
 
     async def _record(self, key: str, function_name: str, attempts: int, *, value: Any = None,

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     )
     redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay.")
     max_payload_bytes: int = Field(262144, gt=0, description="Largest accepted request body.")
+    max_pending_signals: int = Field(
+        1000, gt=0,
+        description="Most unconsumed signals one execution holds; more are refused (429).",
+    )
     body_timeout_seconds: float = Field(
         5.0, gt=0, description="Longest the API waits for a request body to arrive in full (408 after)."
     )

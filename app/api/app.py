@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
 from app.api.openapi import publish
-from app.api.routes import executions, health, history, metrics, operations, schedules
+from app.api.routes import executions, health, history, metrics, operations, schedules, signals
 from app.db import create_pool
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
@@ -49,6 +49,7 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     publish(app)
     app.include_router(health.router)
     app.include_router(executions.router)
+    app.include_router(signals.router)
     app.include_router(operations.router)
     app.include_router(history.router)
     app.include_router(metrics.router)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import asyncpg
 
+from app.schema import TERMINAL_STATUSES as TERMINAL
 from app.store.types import (
     _TERMINAL_SQL,
     INTERRUPT_SQL,
@@ -17,62 +20,156 @@ from app.store.types import (
     _step,
 )
 
-SignalAnswer = Literal["received", "not_found", "terminal"]
+SignalAnswer = Literal["received", "not_found", "terminal", "forbidden", "too_many"]
+
+
+@dataclass(frozen=True)
+class SignalSender:
+    """Who sent a signal: the API token (ID, name, role) or, through the
+    dashboard, the operator (token ID of the session's token, actor name,
+    role "operate"). Recorded in the signal row and its event."""
+
+    token_id: str | None
+    name: str
+    role: str
+
+
+def signal_function_name(name: str, with_sender: bool) -> str:
+    """The function name a consumed signal's step is recorded under; the two
+    shapes of its value have different names, so a replay whose code changed
+    shape is a ReplayError, never a misread value."""
+    return f"signal-with-sender:{name}" if with_sender else f"signal:{name}"
 
 
 class SignalStatements:
     pool: asyncpg.Pool
 
     async def send_signal(
-        self, execution_id: str, name: str, payload: Any
+        self, execution_id: str, name: str, payload: Any, *,
+        sender: SignalSender | None = None, owner: str | None = None,
+        denied_workflows: Sequence[str] = (), max_pending: int | None = None,
     ) -> tuple[SignalAnswer, str | None]:
-        """Store the signal and request a wake (due now) in one statement.
-        Returns ("received", None), ("not_found", None) or ("terminal", status)."""
+        """Store the signal and request a wake (due now), or nothing.
+        `owner`: only an execution admitted by that token is a target (a
+        trigger token's signal); `denied_workflows`: executions of these
+        workflows refuse this sender (the workflow restricts who may send
+        `name`); `max_pending`: refuse once that many signals are unconsumed.
+        Returns ("received", None), ("not_found", None), ("terminal", status),
+        ("forbidden", workflow_id) or ("too_many", pending count)."""
+        denied = list(denied_workflows)
+
+        async def send(conn: asyncpg.Connection):
+            target = await self._lock_signal_target(conn, execution_id, owner, denied)
+            if target is None:
+                return None
+            return await self._store_signal(conn, execution_id, name, payload, sender,
+                                            max_pending)
+
         try:
-            row = await self.pool.fetchrow(
-                f"""
-                WITH target AS (
-                    -- One row lock, taken once, by the write itself: the wake
-                    -- (an UPDATE, FOR NO KEY UPDATE) comes first, so concurrent
-                    -- senders queue on the row instead of each holding a FOR
-                    -- SHARE lock and then waiting for the others' to upgrade
-                    -- (a deadlock). Re-checked on the current row version, so
-                    -- no terminal acknowledgement can land between this check
-                    -- and the insert below; and signal_id is drawn under the
-                    -- lock, so signal_id order is the order senders got the row.
-                    UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
-                    WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
-                    RETURNING execution_id
-                ), sig AS (
-                    INSERT INTO signals (execution_id, name, payload)
-                    SELECT execution_id, $2, coalesce($3, 'null'::jsonb) FROM target
-                    RETURNING signal_id
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, detail)
-                    SELECT $1, 'signal_received',
-                           jsonb_build_object('name', $2::text, 'signalId', signal_id)
-                    FROM sig
-                )
-                SELECT signal_id, pg_notify('{NOTIFY_CHANNEL}', '') FROM sig
-                """,
-                execution_id,
-                name,
-                payload,
-            )
+            row = await self.pool.run_in_transaction(send)
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(str(exc)) from exc
-        if row is not None:
+        if row is not None and row["signal_id"] is not None:
             return "received", None
-        status = await self.pool.fetchval(
-            "SELECT status FROM executions WHERE execution_id = $1", execution_id
-        )
-        return ("not_found", None) if status is None else ("terminal", status)
+        if row is not None:
+            return "too_many", str(row["pending"])
+        return await self._why_no_signal(execution_id, owner, denied)
 
-    async def consume_signal(self, lease: Lease, step_key: str, name: str) -> StepRecord | None:
+    async def _lock_signal_target(self, conn: asyncpg.Connection, execution_id: str,
+                                  owner: str | None, denied: list[str]):
+        """The target row, locked FOR NO KEY UPDATE (the lock the wake's UPDATE
+        takes, so concurrent senders queue on the row instead of upgrading
+        shared locks into a deadlock), or None. The owner predicate and the
+        workflow's sender restriction sit in this same statement as the lock:
+        no check-then-act gap, and the row (with its owner and workflow, which
+        never change) stays locked until the signal is stored. Re-checked on
+        the current row version, so no terminal acknowledgement lands between
+        this check and the insert."""
+        return await conn.fetchrow(
+            f"""
+            SELECT execution_id FROM executions
+            WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+              AND ($2::text IS NULL OR admitted_by = $2)
+              AND workflow_id <> ALL($3::text[])
+            FOR NO KEY UPDATE
+            """,
+            execution_id,
+            owner,
+            denied,
+        )
+
+    async def _store_signal(self, conn: asyncpg.Connection, execution_id: str, name: str,
+                            payload: Any, sender: SignalSender | None, max_pending: int | None):
+        """Under the target's row lock: store the signal with its sender, its
+        event, and the wake, in one statement, unless `max_pending` unconsumed
+        signals are already stored (then nothing). The count runs in this
+        statement's snapshot, taken after the lock was granted, so it sees
+        every signal earlier senders committed: the bound is exact. signal_id
+        is drawn under the lock, so signal_id order is the order senders got
+        the row."""
+        return await conn.fetchrow(
+            f"""
+            WITH pending AS (
+                SELECT count(*) AS n FROM signals
+                WHERE execution_id = $1 AND consumed_step IS NULL
+            ), sig AS (
+                INSERT INTO signals (execution_id, name, payload, sender_token_id,
+                                     sender_name, sender_role)
+                SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, $5, $6 FROM pending
+                WHERE $7::bigint IS NULL OR pending.n < $7
+                RETURNING signal_id
+            ), wake AS (
+                UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
+                FROM sig WHERE executions.execution_id = $1
+            ), ev AS (
+                INSERT INTO execution_events (execution_id, kind, detail)
+                SELECT $1, 'signal_received',
+                       jsonb_build_object('name', $2::text, 'signalId', signal_id,
+                                          'sender', CASE WHEN $5::text IS NULL THEN NULL ELSE
+                                              jsonb_build_object('tokenId', $4::text,
+                                                                 'name', $5::text,
+                                                                 'role', $6::text) END)
+                FROM sig
+            )
+            SELECT (SELECT signal_id FROM sig) AS signal_id, (SELECT n FROM pending) AS pending,
+                   (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM sig) AS notified
+            """,
+            execution_id,
+            name,
+            payload,
+            sender.token_id if sender else None,
+            sender.name if sender else None,
+            sender.role if sender else None,
+            max_pending,
+        )
+
+    async def _why_no_signal(self, execution_id: str, owner: str | None,
+                             denied: list[str]) -> tuple[SignalAnswer, str | None]:
+        """Why the locking read found no target (nothing was written): a
+        missing or (for `owner`) foreign execution is not_found alike; then
+        terminal; then a sender the workflow refuses."""
+        row = await self.pool.fetchrow(
+            "SELECT status, admitted_by, workflow_id FROM executions WHERE execution_id = $1",
+            execution_id,
+        )
+        if row is None or (owner is not None and row["admitted_by"] != owner):
+            return "not_found", None
+        if row["status"] in TERMINAL:
+            return "terminal", row["status"]
+        if row["workflow_id"] in denied:
+            return "forbidden", row["workflow_id"]
+        # Admitted after the locking read looked: it did not exist then.
+        return "not_found", None
+
+    async def consume_signal(self, lease: Lease, step_key: str, name: str, *,
+                             with_sender: bool = False) -> StepRecord | None:
         """Take the oldest pending signal `name` into step `step_key`, fenced:
         the signal is marked consumed and the step recorded in one statement,
-        or neither. Returns the step (already recorded: the recorded one), or
-        None when no such signal is pending."""
+        or neither. The step's value is the payload or, `with_sender`,
+        {"payload": ..., "sender": {"tokenId", "name", "role"} or null}: what
+        the workflow was handed is what is recorded, so replays agree. Returns
+        the step (already recorded: the recorded one), or None when no such
+        signal is pending."""
         row = await self.pool.fetchrow(
             f"""
             WITH fence AS (
@@ -82,7 +179,8 @@ class SignalStatements:
             ), recorded AS (
                 SELECT step_key FROM execution_steps WHERE execution_id = $1 AND step_key = $3
             ), pending AS (
-                SELECT s.signal_id, s.payload FROM signals s, fence
+                SELECT s.signal_id, s.payload, s.sender_token_id, s.sender_name, s.sender_role
+                FROM signals s, fence
                 WHERE s.execution_id = $1 AND s.name = $4 AND s.consumed_step IS NULL
                   AND NOT EXISTS (SELECT 1 FROM recorded)
                 ORDER BY s.signal_id
@@ -91,11 +189,20 @@ class SignalStatements:
             ), taken AS (
                 UPDATE signals SET consumed_step = $3, consumed_token = $2, consumed_at = now()
                 FROM pending WHERE signals.signal_id = pending.signal_id
-                RETURNING signals.signal_id, signals.payload
+                RETURNING signals.signal_id, signals.payload, pending.sender_token_id,
+                          pending.sender_name, pending.sender_role
             ), ins AS (
                 INSERT INTO execution_steps
                     (execution_id, step_key, status, value, function_name, token)
-                SELECT $1, $3, 'completed', payload, 'signal:' || $4, $2 FROM taken
+                SELECT $1, $3, 'completed',
+                       CASE WHEN $5 THEN jsonb_build_object(
+                           'payload', payload,
+                           'sender', CASE WHEN sender_name IS NULL THEN 'null'::jsonb ELSE
+                               jsonb_build_object('tokenId', sender_token_id,
+                                                  'name', sender_name,
+                                                  'role', sender_role) END)
+                       ELSE payload END,
+                       $6, $2 FROM taken
                 RETURNING step_key, status, value, error, function_name, attempts, token,
                           recorded_at
             ), ev AS (
@@ -113,6 +220,8 @@ class SignalStatements:
             lease.token,
             step_key,
             name,
+            with_sender,
+            signal_function_name(name, with_sender),
         )
         if not row["fenced"]:
             await self._fenced_write_rejected(lease, step_key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
 from app.api.auth import Reader, Trigger, Waker, ensure_visible
@@ -23,6 +23,7 @@ from app.api.common import (
 )
 from app.api.deps import SettingsDep, StoreDep, live_workflows
 from app.api.errors import ApiError, not_found
+from app.api.ids import check_client_execution_id
 from app.api.models import (
     ID_PATTERN,
     Admission,
@@ -30,7 +31,6 @@ from app.api.models import (
     ErrorBody,
     ExecutionPage,
     ExecutionRecord,
-    SignalAnswer,
     Status,
     WakeAnswer,
     WakeRequest,
@@ -63,6 +63,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             422, "INVALID_EXECUTION_EVENT",
             "the body must be a JSON object with workflowId, params and optional executionId, context",
         )
+    check_client_execution_id(body.get("executionId"))
     try:
         req = AdmitRequest.model_validate(body)
     except ValidationError as exc:
@@ -222,45 +223,3 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
     if answer == "not_found":
         raise not_found(execution_id)
     return {"status": answer}
-
-
-@router.post(
-    "/{execution_id}/signals/{name}",
-    status_code=202,
-    response_model=SignalAnswer,
-    summary="Deliver a signal: stored, a wake requested, consumed once by the workflow",
-    openapi_extra={
-        "requestBody": {
-            "required": False,
-            "content": {"application/json": {"schema": {"description": "Any JSON value: the payload."}}},
-        }
-    },
-    responses={
-        **FORBIDDEN,
-        **ERRORS,
-        404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
-        409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"},
-    },
-)
-async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
-                      request: Request, store: StoreDep, settings: SettingsDep,
-                      principal: Waker):
-    _check_path_id(execution_id)
-    await ensure_visible(store, principal, execution_id)
-    payload = None
-    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
-        payload = await _json(request, settings)
-    try:
-        answer, status = await store.send_signal(execution_id, name, payload)
-    except InvalidEvent as exc:
-        raise ApiError(422, "INVALID_EXECUTION_EVENT",
-                       f"the payload cannot be stored exactly ({exc}); send plain JSON") from None
-    if answer == "not_found":
-        raise not_found(execution_id)
-    if answer == "terminal":
-        raise ApiError(
-            409, "EXECUTION_TERMINAL",
-            f"execution {execution_id!r} is {status}; a finished execution takes no signals",
-            status=status,
-        )
-    return {"status": "received"}
