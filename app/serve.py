@@ -14,23 +14,66 @@ def configure_api(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument("--workflows", help="comma-separated workflow modules (FENCEPOST_WORKFLOWS)")
+    p.add_argument("--allow-remote-without-auth", action="store_true", default=None,
+                   help="with FENCEPOST_AUTH=disabled, bind a non-loopback --host anyway "
+                        "(FENCEPOST_ALLOW_REMOTE_WITHOUT_AUTH); anyone who reaches it acts as operator")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=FORMATS, default="json",
                    help="json lines (default) or console")
+
+
+def is_loopback(host: str) -> bool:
+    """True for an interface only this machine reaches: localhost, 127.0.0.0/8, ::1."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def unauthenticated_bind_problem(host: str, settings: Settings, allow: bool | None) -> str | None:
+    """Why `fencepost api --host HOST` must not start, or None: with
+    authentication disabled every caller is an operator, so the API binds
+    loopback unless the operator opts in."""
+    if settings.auth != "disabled" or is_loopback(host):
+        return None
+    if allow or settings.allow_remote_without_auth:
+        return None
+    return (f"refusing to serve --host {host} with FENCEPOST_AUTH=disabled: anyone who can reach "
+            "it could run every operation. Bind 127.0.0.1, enable authentication "
+            "(FENCEPOST_AUTH=enabled and `fencepost tokens create`), or pass "
+            "--allow-remote-without-auth (FENCEPOST_ALLOW_REMOTE_WITHOUT_AUTH=true) and list the "
+            "names clients use in FENCEPOST_ALLOWED_HOSTS")
 
 
 def run_api(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.api.app import create_app
+    from app.api.limits import LOOPBACK_HOSTS, guarded_http_protocol
 
     if args.workflows is not None:
         settings = settings.model_copy(update={"workflows": args.workflows})
+    problem = unauthenticated_bind_problem(args.host, settings, args.allow_remote_without_auth)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if settings.allowed_hosts is None and settings.auth == "disabled":
+        # DNS rebinding: without tokens, answer only the loopback names.
+        settings = settings.model_copy(update={"allowed_hosts": ",".join(LOOPBACK_HOSTS)})
     configure_logging(args.log_level, args.log_format)
     asyncio.run(_preflight(settings))
     app = create_app(settings)
+    # The head limit is enforced while reading (not only once parsed), and
+    # X-Forwarded-Proto/For are trusted from the listed proxies only.
+    protocol = guarded_http_protocol(settings.max_header_bytes) or "auto"
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, lifespan="on", log_config=None)
+                access_log=False, lifespan="on", log_config=None, http=protocol,
+                proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
+                h11_max_incomplete_event_size=settings.max_header_bytes)
     return 0
 
 

@@ -91,6 +91,33 @@ class Settings(BaseSettings):
         "`fencepost dev` turns them on. /openapi.json is always served.",
     )
 
+    max_header_bytes: int = Field(
+        16384, ge=1024,
+        description="Largest request head (request line and headers together); larger ones are "
+        "answered 431 before they are buffered.",
+    )
+    session_seconds: float = Field(
+        28800.0, gt=0, description="How long a dashboard sign-in lasts (the session then expires)."
+    )
+    cookie_secure: bool = Field(
+        True, description="Mark the dashboard's cookies Secure (HTTPS only); `fencepost dev` turns it off."
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        description="Comma-separated proxy addresses (or networks, or *) whose X-Forwarded-Proto and "
+        "X-Forwarded-For the API trusts: the TLS proxy in front of it.",
+    )
+    allowed_hosts: str | None = Field(
+        None,
+        description="Comma-separated host names the API answers (any port; * for any); other Host "
+        "headers get 421. Unset: localhost, 127.0.0.1 and [::1] when authentication is disabled, "
+        "any host when it is enabled.",
+    )
+    allow_remote_without_auth: bool = Field(
+        False,
+        description="Let `fencepost api` bind a non-loopback interface with authentication disabled.",
+    )
+
     @model_validator(mode="after")
     def _settings_that_can_work(self) -> Settings:
         """Combinations that cannot work are refused at start, all of them in

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
+from app.api.limits import RequestGuard, parse_allowed_hosts
 from app.api.openapi import publish
 from app.api.routes import executions, health, history, metrics, operations, schedules, signals
 from app.db import create_pool
@@ -46,6 +47,10 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    # Oversized heads (431) and, with an allow-list, foreign Host names (421)
+    # are refused before any route: app/api/limits.py.
+    app.add_middleware(RequestGuard, max_header_bytes=settings.max_header_bytes,
+                       allowed_hosts=parse_allowed_hosts(settings.allowed_hosts))
     publish(app)
     app.include_router(health.router)
     app.include_router(executions.router)

@@ -7,8 +7,10 @@
 | `operate` | cancel, resolve, resume, wake, signal, plus everything `read` may |
 
 A token looks like `fp_<id>_<secret>`: the id finds the row, the secret is
-compared (constant time) with the stored SHA-256. Verified tokens are cached
-for a few seconds, so a revocation takes effect within AUTH_CACHE_SECONDS.
+compared (constant time) with the stored SHA-256. A token of any other shape
+is refused before any cache or query. Only verified tokens are cached (for a
+few seconds, keyed by the token's SHA-256, in a bounded LRU), so a revocation
+takes effect within AUTH_CACHE_SECONDS and junk costs no memory.
 With FENCEPOST_AUTH=disabled every request acts as an `operate`+`trigger`
 principal named "anonymous".
 """
@@ -20,6 +22,7 @@ import hmac
 import re
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -31,7 +34,9 @@ from app.store import ExecutionStore
 ROLES = ("trigger", "read", "operate")
 # fp_<token id: hex>_<secret: URL-safe base64>, as new_token() makes them.
 _TOKEN_SHAPE = re.compile(r"fp_([0-9a-f]{1,64})_([A-Za-z0-9_-]{1,256})")
+_TOKEN_MAX_LENGTH = len("fp__") + 64 + 256
 AUTH_CACHE_SECONDS = 5.0
+AUTH_CACHE_ENTRIES = 1024
 
 
 @dataclass(frozen=True)
@@ -62,35 +67,60 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def token_parts(token: str) -> tuple[str, str] | None:
+    """(token id, secret) of a token shaped as new_token() issues them, else
+    None. Only this shape goes further: header text may hold anything latin-1
+    (NUL included, which Postgres text refuses) and any length."""
+    if len(token) > _TOKEN_MAX_LENGTH:
+        return None
+    match = _TOKEN_SHAPE.fullmatch(token)
+    return (match[1], match[2]) if match else None
+
+
+def principal_of(row) -> Principal:
+    """The principal of an api_tokens row (token_id, name, role)."""
+    roles = {"operate", "read"} if row["role"] == "operate" else {row["role"]}
+    return Principal(row["token_id"], row["name"], frozenset(roles))
+
+
 class TokenVerifier:
-    def __init__(self, store: ExecutionStore):
+    """Bearer tokens, checked cheaply: a token of the wrong shape is refused
+    before the cache or the database; a well-shaped one costs one primary-key
+    read. Only verified tokens are remembered, keyed by the SHA-256 of the
+    token (never the header itself), at most `max_entries` of them (least
+    recently used out), each for AUTH_CACHE_SECONDS."""
+
+    def __init__(self, store: ExecutionStore, *, max_entries: int = AUTH_CACHE_ENTRIES):
         self.store = store
-        self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
 
     async def verify(self, token: str) -> Principal | None:
-        cached = self._cache.get(token)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
-        principal = await self._lookup(token)
-        if len(self._cache) > 10000:
-            self._cache.clear()
-        self._cache[token] = (time.monotonic() + AUTH_CACHE_SECONDS, principal)
+        parts = token_parts(token)
+        if parts is None:
+            return None
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            if cached[0] > time.monotonic():
+                self._cache.move_to_end(key)
+                return cached[1]
+            self._cache.pop(key, None)
+        principal = await self._lookup(*parts)
+        if principal is not None:
+            self._cache[key] = (time.monotonic() + AUTH_CACHE_SECONDS, principal)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
         return principal
 
-    async def _lookup(self, token: str) -> Principal | None:
-        # Only the shape new_token() issues goes to the database: header text
-        # may hold anything latin-1, NUL included, which Postgres text refuses.
-        match = _TOKEN_SHAPE.fullmatch(token)
-        if match is None:
-            return None
-        token_id, secret = match.groups()
+    async def _lookup(self, token_id: str, secret: str) -> Principal | None:
         row = await self.store.find_token(token_id)
         expected = row["secret_sha256"] if row else _digest("no such token")
         matches = hmac.compare_digest(expected, _digest(secret))
         if row is None or not matches:
             return None
-        roles = {"operate", "read"} if row["role"] == "operate" else {row["role"]}
-        return Principal(row["token_id"], row["name"], frozenset(roles))
+        return principal_of(row)
 
 
 def _unauthenticated(message: str) -> ApiError:
