@@ -21,6 +21,7 @@ from app.api.common import ERRORS, FORBIDDEN, UNAUTHENTICATED, _check_path_id, _
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
 from app.api.models import ID_PATTERN, ErrorBody, SignalAnswer
+from app.api.quotas import SignalQuota
 from app.store import InvalidEvent
 from app.store.signals import SignalSender
 
@@ -66,12 +67,13 @@ def denied_workflows(request: Request, name: str, principal: Principal) -> list[
                              "restricts this signal to another role"},
         404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"},
-        429: {"model": ErrorBody, "description": "TOO_MANY_PENDING_SIGNALS (Retry-After)"},
+        429: {"model": ErrorBody,
+              "description": "TOO_MANY_PENDING_SIGNALS / RATE_LIMITED (Retry-After)"},
     },
 )
 async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
                       request: Request, store: StoreDep, settings: SettingsDep,
-                      principal: Waker):
+                      principal: Waker, _quota: SignalQuota):
     _check_path_id(execution_id)
     # The body first: nothing is looked up until the whole request is here.
     payload = None
