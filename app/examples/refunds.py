@@ -1,5 +1,10 @@
-"""`approve-refund`: waits for a person to approve or reject a refund by
-POSTing the `approval` signal."""
+"""`approve-refund`: waits for an operator to approve or reject a refund by
+POSTing the `approval` signal.
+
+Only an `operate` token (or an operator through the dashboard) may send
+`approval`: the service that requested the refund (its trigger token
+admitted the execution) cannot approve it itself (403). Who approved is
+the signal's recorded sender, not anything the payload says."""
 
 from __future__ import annotations
 
@@ -18,13 +23,17 @@ def issue_refund(order_id: int, amount_cents: int) -> dict:
     return {"refundId": f"re_{order_id}", "amountCents": amount_cents}
 
 
-@workflow("approve-refund", params=RefundRequest)
+@workflow("approve-refund", params=RefundRequest, signals={"approval": "operate"})
 async def approve_refund(ctx: WorkflowContext, p: RefundRequest) -> dict:
     try:
-        decision = await ctx.wait_for_signal("approval", timeout=p.approval_timeout_seconds)
+        decision = await ctx.wait_for_signal("approval", timeout=p.approval_timeout_seconds,
+                                             with_sender=True)
     except SignalTimeout:
         return {"refunded": False, "reason": "no decision in time"}
-    if not isinstance(decision, dict) or not decision.get("approved"):
-        return {"refunded": False, "reason": "rejected"}
+    sender = decision.sender
+    by = None if sender is None else {"tokenId": sender.token_id, "name": sender.name,
+                                      "role": sender.role}
+    if not isinstance(decision.payload, dict) or not decision.payload.get("approved"):
+        return {"refunded": False, "reason": "rejected", "rejectedBy": by}
     refund = await ctx.step("issue-refund", issue_refund, p.order_id, p.amount_cents)
-    return {"refunded": True, "refund": refund, "approvedBy": decision.get("by")}
+    return {"refunded": True, "refund": refund, "approvedBy": by}
