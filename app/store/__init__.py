@@ -30,6 +30,7 @@ from app.store.operator import OperatorStatements
 from app.store.policy import PolicyStatements
 from app.store.retry import RetryingPool, retrying
 from app.store.schedules import ScheduleStatements, ScheduleTurn  # noqa: F401
+from app.store.sessions import SessionStatements
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
 from app.store.tokens import TokenStatements
@@ -52,6 +53,7 @@ class ExecutionStore(
     TokenStatements,
     UiStatements,
     ScheduleStatements,
+    SessionStatements,
 ):
     pool: RetryingPool
 

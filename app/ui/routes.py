@@ -11,11 +11,16 @@
   GET  /ui/static/{name}                the stylesheet and icon (no other origin is ever asked)
 
 Auth: the API's roles (read views, operate acts; a trigger-only token may not
-use the UI). The browser keeps the API token in an HttpOnly, SameSite=Strict
-cookie; each request verifies it with the app's TokenVerifier. POSTs are
-checked against cross-site requests twice: Origin/Sec-Fetch-Site, and a form
-field derived (HMAC) from the session's secret. With FENCEPOST_AUTH=disabled
-there is no login; the form field is then derived from a random cookie.
+use the UI). Signing in with an API token opens a server-side session: the
+browser keeps only a random 256-bit session ID (HttpOnly, SameSite=Strict,
+Path=/ui, Secure unless FENCEPOST_COOKIE_SECURE=false), the server only its
+SHA-256 (ui_sessions, app/store/sessions.py). Every page reads the session in
+one statement with its token: it works until it expires
+(FENCEPOST_SESSION_SECONDS), is signed out, or its token is revoked, whichever
+comes first; the cookie is never usable as an API token. POSTs are checked
+against cross-site requests twice: Origin/Sec-Fetch-Site, and a form field
+derived (HMAC) from the session ID. With FENCEPOST_AUTH=disabled there is no
+login; the form field is then derived from a random cookie.
 
 Every answer is a page: errors render the API's error shape (code, message)
 with its HTTP status. Forms POST, act through the store, and redirect (303).
@@ -40,9 +45,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-from app.api.auth import ANONYMOUS, Principal
+from app.api.auth import ANONYMOUS, Principal, principal_of
 from app.api.errors import RETRY_AFTER_SECONDS, ApiError
 from app.api.json_body import BodyError, parse_json, read_body
+from app.api.limits import LOOPBACK_HOSTS, host_name
 from app.blocked import blocked_by
 from app.dberrors import is_infrastructure
 from app.registry import ID_RE
@@ -54,8 +60,10 @@ from app.ui import views
 log = logging.getLogger("fencepost.ui")
 
 HERE = Path(__file__).parent
-TOKEN_COOKIE = "fencepost_ui_token"
+SESSION_COOKIE = "fencepost_ui_session"
+LEGACY_TOKEN_COOKIE = "fencepost_ui_token"  # held the raw token before sessions: cleared at sign-in
 CSRF_COOKIE = "fencepost_ui_csrf"
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32): 256 bits
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_PAGE = 10_000
 STEPS_SHOWN = 500
@@ -210,6 +218,12 @@ def _csrf_of(seed: str) -> str:
     return hmac.new(seed.encode(), b"fencepost-ui-csrf", hashlib.sha256).hexdigest()
 
 
+def _session_digest(session_id: str) -> str:
+    """What ui_sessions stores of a session ID: its SHA-256 (the ID is 256
+    random bits, so a fast hash is enough)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
 def _here(request: Request) -> str:
     path = request.url.path
     return path + ("?" + request.url.query if request.url.query else "")
@@ -224,13 +238,16 @@ async def _session(request: Request, *, need: str = "read") -> Session:
             seed = new_seed = secrets.token_urlsafe(32)
         session = Session(ANONYMOUS, False, _csrf_of(seed), new_seed)
     else:
-        token = request.cookies.get(TOKEN_COOKIE, "")
-        if not token:
-            raise LoginRequired(_here(request) if request.method == "GET" else "/ui")
-        principal = await request.app.state.verifier.verify(token)
-        if principal is None:
-            raise LoginRequired(_here(request) if request.method == "GET" else "/ui", "revoked")
-        session = Session(principal, True, _csrf_of(token))
+        session_id = request.cookies.get(SESSION_COOKIE, "")
+        next_url = _here(request) if request.method == "GET" else "/ui"
+        if not session_id:
+            raise LoginRequired(next_url)
+        if not _SESSION_ID.fullmatch(session_id):  # not one we issued: no query
+            raise LoginRequired(next_url, "unknown")
+        state, row = await request.app.state.store.find_ui_session(_session_digest(session_id))
+        if row is None:
+            raise LoginRequired(next_url, state)
+        session = Session(principal_of(row), True, _csrf_of(session_id))
     principal = session.principal
     if not principal.may("read", "operate"):
         raise UIError(403, "FORBIDDEN",
@@ -296,7 +313,7 @@ def _render(request: Request, template: str, context: dict, *, session: Session 
     response = HTMLResponse(body, status_code=status, headers=headers)
     if session is not None and session.new_csrf_seed:
         response.set_cookie(CSRF_COOKIE, session.new_csrf_seed, httponly=True, samesite="strict",
-                            path="/ui", secure=request.url.scheme == "https")
+                            path="/ui", secure=_secure_cookies(request))
     return response
 
 
@@ -336,6 +353,25 @@ async def static(name: str) -> Response:
 # ------------------------------------------------------------------- login
 
 
+def _secure_cookies(request: Request) -> bool:
+    return request.app.state.settings.cookie_secure
+
+
+def _cookie_will_be_dropped(request: Request) -> bool:
+    """A Secure cookie sent over plain HTTP to a name other than loopback:
+    the browser will not keep it, so signing in would only loop."""
+    return (_secure_cookies(request) and request.url.scheme != "https"
+            and host_name(request.headers.get("host", "")) not in LOOPBACK_HOSTS)
+
+
+INSECURE_NOTICE = (
+    "This page came over plain HTTP, and the sign-in cookie is Secure (HTTPS only): your "
+    "browser will not keep it. Open the dashboard through HTTPS; if a TLS proxy is in front, "
+    "list its address in FENCEPOST_FORWARDED_ALLOW_IPS. For local development only, "
+    "FENCEPOST_COOKIE_SECURE=false."
+)
+
+
 def _safe_next(value: str | None) -> str:
     """Only a path of this dashboard: never another site."""
     if not value or not value.startswith("/ui") or value.startswith("//") or "\\" in value:
@@ -346,7 +382,10 @@ def _safe_next(value: str | None) -> str:
 
 
 LOGIN_REASONS = {
-    "revoked": "Your token is no longer accepted (revoked, or unknown); sign in with another.",
+    "revoked": "Your token was revoked; sign in with another.",
+    "expired": "Your session expired; sign in again.",
+    "ended": "That session was signed out; sign in again.",
+    "unknown": "Your session is not known here (it ended, or was never issued); sign in again.",
     "signed-out": "Signed out.",
 }
 
@@ -358,7 +397,7 @@ async def login_page(request: Request) -> Response:
     return _render(request, "login.html", {
         "next": _safe_next(request.query_params.get("next")),
         "notice": LOGIN_REASONS.get(request.query_params.get("reason", "")),
-        "error": None,
+        "error": None, "insecure": INSECURE_NOTICE if _cookie_will_be_dropped(request) else None,
     }, session=None)
 
 
@@ -376,21 +415,29 @@ async def login(request: Request) -> Response:
     principal = None
     if token and len(token) <= 500 and re.fullmatch(r"[A-Za-z0-9_-]+", token):
         principal = await request.app.state.verifier.verify(token)
-    if principal is None:
+    insecure = INSECURE_NOTICE if _cookie_will_be_dropped(request) else None
+    if principal is not None and not principal.may("read", "operate"):
         return _render(request, "login.html", {
-            "next": next_url, "notice": None,
-            "error": ("UNAUTHENTICATED", "the API token is unknown or revoked; create one with "
-                      "`fencepost tokens create --role read --name NAME`"),
-        }, session=None, status=401)
-    if not principal.may("read", "operate"):
-        return _render(request, "login.html", {
-            "next": next_url, "notice": None,
+            "next": next_url, "notice": None, "insecure": insecure,
             "error": ("FORBIDDEN", f"token {principal.name!r} has role "
                       f"{', '.join(sorted(principal.roles))}; the dashboard needs read or operate"),
         }, session=None, status=403)
+    settings = request.app.state.settings
+    session_id = secrets.token_urlsafe(32)
+    if principal is None or not await request.app.state.store.create_ui_session(
+            _session_digest(session_id), principal.token_id, settings.session_seconds):
+        return _render(request, "login.html", {
+            "next": next_url, "notice": None, "insecure": insecure,
+            "error": ("UNAUTHENTICATED", "the API token is unknown or revoked; create one with "
+                      "`fencepost tokens create --role read --name NAME`"),
+        }, session=None, status=401)
     response = RedirectResponse(next_url, status_code=303)
-    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/ui",
-                        secure=request.url.scheme == "https")
+    # The cookie holds the session ID, never the token.
+    response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
+                        path="/ui", secure=_secure_cookies(request),
+                        max_age=max(1, int(settings.session_seconds)))
+    if LEGACY_TOKEN_COOKIE in request.cookies:
+        response.delete_cookie(LEGACY_TOKEN_COOKIE, path="/ui", httponly=True, samesite="strict")
     return response
 
 
@@ -398,8 +445,12 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     if not _same_origin(request):
         raise UIError(403, "CROSS_SITE_REQUEST", "sign out from the dashboard itself")
+    session_id = request.cookies.get(SESSION_COOKIE, "")
+    if request.app.state.settings.auth != "disabled" and _SESSION_ID.fullmatch(session_id):
+        await request.app.state.store.end_ui_session(_session_digest(session_id))
     response = RedirectResponse("/ui/login?reason=signed-out", status_code=303)
-    response.delete_cookie(TOKEN_COOKIE, path="/ui", httponly=True, samesite="strict")
+    response.delete_cookie(SESSION_COOKIE, path="/ui", httponly=True, samesite="strict",
+                           secure=_secure_cookies(request))
     return response
 
 

@@ -53,5 +53,22 @@ async def reload_until_text(page: Page, selector: str, text: str, *, timeout: fl
         await page.reload()
 
 
+async def sign_in(base: str, token: str) -> str:
+    """Sign in to the dashboard at `base` with `token`; the session cookie's value
+    (a random session ID: the token itself is never a cookie)."""
+    import httpx
+
+    from app.ui.routes import SESSION_COOKIE
+
+    async with httpx.AsyncClient(base_url=base, timeout=15) as client:
+        r = await client.post("/ui/login", data={"token": token, "next": "/ui"})
+    assert r.status_code == 303, r.text
+    for header in r.headers.get_list("set-cookie"):
+        name, _, rest = header.partition("=")
+        if name == SESSION_COOKIE:
+            return rest.split(";", 1)[0]
+    raise AssertionError(f"no session cookie in {r.headers.get_list('set-cookie')}")
+
+
 async def form_csrf(page: Page) -> str:
     return await page.locator("input[name=csrf]").first.get_attribute("value")

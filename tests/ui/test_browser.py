@@ -9,6 +9,7 @@ import re
 
 from playwright.async_api import expect
 
+from app.ui.routes import SESSION_COOKIE
 from tests.ui.helpers import admit, form_csrf, reload_until_text, wait_record, wait_status
 
 SCRIPT = "<script>alert('fencepost-xss')</script>"
@@ -277,7 +278,7 @@ async def test_roles_with_authentication_on(open_ui):
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.locator(".problem")).to_contain_text("FORBIDDEN")
     cookies = await page.context.cookies()
-    assert not [c for c in cookies if c["name"] == "fencepost_ui_token"]
+    assert not [c for c in cookies if c["name"] == SESSION_COOKIE]
 
     # A read token sees everything, and every action disabled.
     await page.locator("#token").fill(reader_token)
@@ -288,8 +289,14 @@ async def test_roles_with_authentication_on(open_ui):
     await expect(page.locator("#cancel")).to_be_disabled()
     await expect(page.locator("#needs-operate")).to_contain_text("role operate")
     await ui.shot(page, "execution-read-only")
-    cookie = next(c for c in await page.context.cookies() if c["name"] == "fencepost_ui_token")
+    cookie = next(c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE)
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert cookie["secure"], "the session cookie is Secure by default"
+    # What the browser keeps is a session ID, not the token: as a bearer token it opens nothing.
+    assert reader_token not in {c["value"] for c in await page.context.cookies()}
+    stolen = await page.request.get("/v1/executions",
+                                    headers={"Authorization": f"Bearer {cookie['value']}"})
+    assert stolen.status == 401
     # Sending the form anyway is refused with a page, and nothing changes.
     answer = await page.request.post(f"/ui/executions/{eid}/cancel",
                                      form={"csrf": await form_csrf(page)})
@@ -324,11 +331,17 @@ async def test_roles_with_authentication_on(open_ui):
     assert record["cancel_requested_by"] == "ops-omar"
     await ui.shot(page2, "execution-cancelled-by-operator")
 
-    # Signing out forgets the token.
+    # Signing out ends the session: the browser drops the cookie, and a copy of it
+    # kept from before opens nothing.
+    kept = next(c for c in await page2.context.cookies() if c["name"] == SESSION_COOKIE)
     await page2.get_by_role("button", name="Sign out").click()
     await expect(page2).to_have_url(re.compile(r"/ui/login\?reason=signed-out"))
+    assert not [c for c in await page2.context.cookies() if c["name"] == SESSION_COOKIE]
     await page2.goto("/ui")
     await expect(page2).to_have_url(re.compile(r"/ui/login"))
+    await page2.context.add_cookies([kept])
+    await page2.goto("/ui")
+    await expect(page2).to_have_url(re.compile(r"/ui/login\?next=%2Fui&reason=ended"))
 
 
 async def test_an_empty_service_says_how_to_start(open_ui):

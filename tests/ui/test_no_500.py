@@ -9,7 +9,8 @@ import re
 import httpx
 import pytest
 
-from tests.ui.helpers import admit
+from app.ui.routes import SESSION_COOKIE
+from tests.ui.helpers import admit, sign_in
 
 ODD_GETS = [
     "/ui", "/ui/", "/ui/workers", "/ui/login", "/ui/nope", "/ui/executions",
@@ -67,7 +68,7 @@ async def test_no_request_to_ui_is_a_500(open_ui, auth):
     await admit(ui.store, "ui-sleep", {}, execution_id="ok-1")
     cookies = {}
     if auth == "enabled":
-        cookies["fencepost_ui_token"] = await ui.token("operate", "fuzzer")
+        cookies[SESSION_COOKIE] = await sign_in(ui.base, await ui.token("operate", "fuzzer"))
     async with httpx.AsyncClient(base_url=ui.base, cookies=cookies, timeout=15) as client:
         for path in ODD_GETS:
             response = await client.get(path)
@@ -88,10 +89,19 @@ async def test_no_request_to_ui_is_a_500(open_ui, auth):
 
 async def test_a_stale_or_unknown_cookie_goes_to_the_login_page(open_ui):
     ui = await open_ui(auth="enabled", worker=False)
-    async with httpx.AsyncClient(base_url=ui.base, timeout=15,
-                                 cookies={"fencepost_ui_token": "fp_abc_def"}) as client:
+    # The old cookie (it held an API token) opens nothing, even holding a real token.
+    async with httpx.AsyncClient(base_url=ui.base, timeout=15, cookies={
+            "fencepost_ui_token": await ui.token("operate", "old-cookie")}) as client:
         response = await client.get("/ui/workers")
         assert response.status_code == 303
-        assert response.headers["location"] == "/ui/login?next=%2Fui%2Fworkers&reason=revoked"
+        assert response.headers["location"] == "/ui/login?next=%2Fui%2Fworkers"
+    for stale in ("fp_abc_def", "A" * 43):
+        async with httpx.AsyncClient(base_url=ui.base, timeout=15,
+                                     cookies={SESSION_COOKIE: stale}) as client:
+            response = await client.get("/ui/workers")
+            assert response.status_code == 303
+            assert response.headers["location"] == "/ui/login?next=%2Fui%2Fworkers&reason=unknown"
+    async with httpx.AsyncClient(base_url=ui.base, timeout=15,
+                                 cookies={SESSION_COOKIE: "fp_abc_def"}) as client:
         response = await client.post("/ui/executions/x/wake")
         assert response.status_code == 303
