@@ -3,8 +3,10 @@
 #   docker build -t fencepost .
 #   docker run --rm -e DATABASE_URL=... fencepost migrate
 #   docker run -e DATABASE_URL=... -e FENCEPOST_WORKFLOWS=app.examples fencepost worker
-# Both stages use the same base, so the venv's interpreter links stay valid.
-ARG PYTHON_IMAGE=python:3.12-slim
+# Both stages use the same base, so the venv's interpreter links stay valid. The
+# base is pinned to a release (the Python the tests run on, Debian bookworm); add
+# an @sha256 digest where the registry is reachable to pin it byte for byte.
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 # ---------------------------------------------------------------- builder
 FROM ${PYTHON_IMAGE} AS builder
@@ -19,11 +21,13 @@ WORKDIR /src
 
 # Dependencies first (from pyproject.toml's [project] dependencies, no extras: the
 # image talks to a real Postgres, never the embedded one), so a code change does
-# not reinstall them.
-COPY pyproject.toml README.md ./
+# not reinstall them. Every version comes from constraints.txt (the versions the
+# tests ran with); PIP_CONSTRAINT also pins the setuptools that builds the wheel.
+COPY pyproject.toml README.md constraints.txt ./
+ENV PIP_CONSTRAINT=/src/constraints.txt PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+ && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt --upgrade pip \
+ && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
 
 COPY alembic.ini ./
 COPY app ./app

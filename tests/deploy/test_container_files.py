@@ -38,7 +38,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 # Environment variables that are not fencepost settings but may be set.
-IMAGE_NON_SETTINGS = {"PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
+IMAGE_NON_SETTINGS = {"PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                      "PIP_CONSTRAINT", "PIP_DISABLE_PIP_VERSION_CHECK"}
 POSTGRES_SERVICE = "postgres"
 FENCEPOST_ROLES = ("migrate", "api", "worker")
 BUILD_TOOLS = re.compile(
@@ -144,7 +145,9 @@ def test_dockerfile_is_multi_stage_with_a_slim_final_stage(dockerfile):
     _, stages = dockerfile
     assert len(stages) >= 2, "the Dockerfile must build in one stage and run in another"
     builder, final = stages[0], stages[-1]
-    assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", final.image), final.image
+    # Pinned: a full Python version and the Debian release, never a moving tag.
+    assert re.fullmatch(r"python:3\.1[1-9]\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?",
+                        final.image), final.image
     # The venv is copied across stages: its interpreter symlinks need the same base.
     assert builder.image == final.image
     copies = [c.args for c in final.all("COPY") if c.args.startswith("--from=")]
@@ -166,6 +169,30 @@ def test_no_stage_installs_the_embedded_extra(dockerfile):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     # The builder installs [project].dependencies: the embedded Postgres must stay an extra.
     assert not any(d.startswith("pgserver") for d in project["dependencies"])
+
+
+def test_every_pip_install_in_the_build_is_pinned_by_the_lock_file(dockerfile):
+    """Dependency versions are pinned: the builder copies constraints.txt and
+    every pip run (install, and wheel with its isolated build backend) is
+    constrained by it (PIP_CONSTRAINT or -c)."""
+    _, stages = dockerfile
+    builder = stages[0]
+    assert "constraints.txt" in _build_context_sources(stages)
+    env = {}
+    for instruction in builder.all("ENV"):
+        env.update(env_names(instruction))
+    constrained_by_env = env.get("PIP_CONSTRAINT", "").endswith("constraints.txt")
+    pip_runs = 0
+    for run in builder.all("RUN"):
+        for command in re.split(r"&&|;", run.args):
+            if not re.search(r"\bpip\s+(install|wheel)\b", command):
+                continue
+            pip_runs += 1
+            assert constrained_by_env or re.search(
+                r"(-c|--constraint)\s+\S*constraints\.txt|PIP_CONSTRAINT=\S*constraints\.txt",
+                command), f"pip runs without the lock file: {command.strip()}"
+            assert "--upgrade pip" not in command or constrained_by_env or "-c" in command
+    assert pip_runs >= 3, "expected pip install (pip, dependencies, wheel) in the builder"
 
 
 def test_final_stage_runs_as_a_non_root_user(final_stage):
@@ -234,7 +261,7 @@ def _build_context_sources(stages: list[Stage]) -> list[str]:
 def test_every_copied_source_exists_and_is_in_the_build_context(dockerfile):
     _, stages = dockerfile
     sources = _build_context_sources(stages)
-    assert {"pyproject.toml", "app", "migrations"} <= set(sources)
+    assert {"pyproject.toml", "app", "migrations", "constraints.txt"} <= set(sources)
     patterns = [p.strip() for p in DOCKERIGNORE.read_text().splitlines()]
     patterns = [p for p in patterns if p and not p.startswith("#")]
     for source in sources:
@@ -406,16 +433,36 @@ def is_setting(name: str) -> bool:
     return False
 
 
-def interpolate(value: str) -> str:
-    """Compose's ${VAR:-default} / ${VAR-default} / ${VAR}, with defaults only."""
-    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m[2] or "", str(value))
+# What an operator sets before `docker compose up` (compose refuses to start without).
+REQUIRED_VARIABLES = {
+    "POSTGRES_PASSWORD": "superuser-secret",
+    "FENCEPOST_MIGRATOR_PASSWORD": "migrator-secret",
+    "FENCEPOST_RUNTIME_PASSWORD": "runtime-secret",
+}
+MIGRATOR, RUNTIME = "fencepost_migrator", "fencepost_runtime"
 
 
-def environment(service: dict) -> dict[str, str]:
+def interpolate(value: str, given: dict[str, str] | None = None) -> str:
+    """Compose's ${VAR:-default} / ${VAR-default} / ${VAR:?error} / ${VAR}, with
+    the operator's REQUIRED_VARIABLES set and nothing else in the environment."""
+    given = REQUIRED_VARIABLES if given is None else given
+
+    def one(m: re.Match) -> str:
+        name, op, arg = m[1], m[2] or "", m[3] or ""
+        if name in given:
+            return given[name]
+        if op.endswith("?"):
+            raise LookupError(f"compose refuses to start: {name} is not set ({arg})")
+        return arg
+
+    return re.sub(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}", one, str(value))
+
+
+def environment(service: dict, given: dict[str, str] | None = None) -> dict[str, str]:
     env = service.get("environment") or {}
     if isinstance(env, list):
         env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {k: interpolate(v) for k, v in env.items()}
+    return {k: interpolate(v, given) for k, v in env.items()}
 
 
 def test_compose_has_postgres_migrate_api_and_worker(services):
@@ -424,7 +471,8 @@ def test_compose_has_postgres_migrate_api_and_worker(services):
 
 def test_postgres_is_16_on_a_named_volume_with_a_healthcheck(compose, services):
     pg = services[POSTGRES_SERVICE]
-    assert re.fullmatch(r"postgres:16(\.\d+)*(-[\w.]+)?(@sha256:[0-9a-f]{64})?", pg["image"])
+    # Pinned: a minor release and the Debian release, not the moving `16`.
+    assert re.fullmatch(r"postgres:16\.\d+-[a-z]+(@sha256:[0-9a-f]{64})?", pg["image"]), pg["image"]
     named = set(compose.get("volumes") or {})
     data_mounts = [str(v) for v in pg.get("volumes", []) if "/var/lib/postgresql" in str(v)]
     assert data_mounts, "Postgres data must live on a volume"
@@ -501,7 +549,9 @@ def test_api_publishes_its_port_and_roles_without_http_override_the_healthcheck(
 def test_compose_environment_names_settings_or_known_variables(services, role):
     for name in environment(services[role]):
         if role == POSTGRES_SERVICE:
-            assert name.startswith("POSTGRES_") or name == "PGDATA", name
+            # The init script (deploy/postgres/initdb) reads the two role passwords.
+            assert name.startswith("POSTGRES_") or name in {
+                "PGDATA", "FENCEPOST_MIGRATOR_PASSWORD", "FENCEPOST_RUNTIME_PASSWORD"}, name
         else:
             assert name in IMAGE_NON_SETTINGS or is_setting(name), (
                 f"{role}: {name} is not a fencepost setting (app/settings.py)"
@@ -515,10 +565,14 @@ def test_compose_environment_values_validate(services, role, monkeypatch):
     settings = Settings()
     assert settings.database_url
     pg_env = environment(services[POSTGRES_SERVICE])
+    # migrate connects as the schema's owner, api and worker as the runtime role;
+    # none of them as the superuser.
+    user, password = (MIGRATOR, pg_env["FENCEPOST_MIGRATOR_PASSWORD"]) if role == "migrate" \
+        else (RUNTIME, pg_env["FENCEPOST_RUNTIME_PASSWORD"])
     assert settings.database_url == (
-        f"postgresql://{pg_env['POSTGRES_USER']}:{pg_env['POSTGRES_PASSWORD']}"
-        f"@{POSTGRES_SERVICE}:5432/{pg_env['POSTGRES_DB']}"
+        f"postgresql://{user}:{password}@{POSTGRES_SERVICE}:5432/{pg_env['POSTGRES_DB']}"
     )
+    assert user != pg_env["POSTGRES_USER"]
     if "FENCEPOST_AUTH" in env:
         assert settings.auth == "enabled"
 
@@ -569,3 +623,89 @@ def test_workflow_modules_import_from_the_mounted_folder_and_register(
 def test_every_fencepost_service_loads_the_same_workflows(services):
     values = {environment(services[r]).get("FENCEPOST_WORKFLOWS") for r in ("api", "worker")}
     assert len(values) == 1, "API and workers must load the same workflow modules"
+
+
+# ------------------------------------------------------------------ least privilege
+
+
+def test_compose_has_no_default_password_and_refuses_to_start_without_one(services):
+    """Every password comes from a variable compose requires (${VAR:?message}),
+    none has a default; with any one unset, no service's environment resolves."""
+    text = COMPOSE.read_text()
+    for match in re.finditer(r"\$\{(\w*PASSWORD\w*)([^}]*)\}", text):
+        name, rest = match[1], match[2]
+        assert rest.startswith(":?"), f"${{{name}{rest}}}: a password must be required, not defaulted"
+    used = set(re.findall(r"\$\{(\w+)", text))
+    assert set(REQUIRED_VARIABLES) <= used, used
+    for missing in REQUIRED_VARIABLES:
+        given = {k: v for k, v in REQUIRED_VARIABLES.items() if k != missing}
+        refused = []
+        for name, service in services.items():
+            try:
+                environment(service, given)
+            except LookupError:
+                refused.append(name)
+        assert refused, f"with {missing} unset compose would still start"
+    # No literal password anywhere in a URL or a POSTGRES_PASSWORD.
+    assert not re.search(r"postgresql://\w+:(?!\$\{)[^@]+@", text)
+    assert not re.search(r"^\s*POSTGRES_PASSWORD:\s+(?!\$\{)\S", text, re.MULTILINE)
+
+
+def test_the_api_port_is_published_on_loopback_only(services):
+    for role, service in services.items():
+        for port in service.get("ports", []):
+            spec = str(port)
+            assert spec.startswith("127.0.0.1:"), f"{role} publishes {spec} on every interface"
+    assert services["api"]["ports"], "the API must be reachable from the host"
+    assert "ports" not in services[POSTGRES_SERVICE]
+
+
+def test_postgres_runs_the_role_script_at_initialization(services):
+    mounts = {target: (source, mode) for source, target, mode in _mounts(services[POSTGRES_SERVICE])}
+    source, mode = mounts["/docker-entrypoint-initdb.d"]
+    assert mode == "ro" and (ROOT / source).is_dir()
+    scripts = sorted(p.name for p in (ROOT / source).iterdir())
+    assert scripts == ["10-fencepost-roles.sh"], scripts
+    script = (ROOT / source / scripts[0]).read_text()
+    sql_target = re.search(r"-f\s+(\S+)", script)[1]
+    sql_source, sql_mode = mounts[sql_target]
+    assert sql_mode == "ro" and (ROOT / sql_source).resolve() == ROOT / "deploy/postgres/roles.sql"
+    assert "ON_ERROR_STOP=1" in script and "set -eu" in script
+    # The roles the compose URLs name are the ones the script creates.
+    assert f"migrator={MIGRATOR}" in script and f"runtime={RUNTIME}" in script
+    for variable in ("FENCEPOST_MIGRATOR_PASSWORD", "FENCEPOST_RUNTIME_PASSWORD"):
+        assert f'"${variable}"' in script
+        assert variable in environment(services[POSTGRES_SERVICE])
+
+
+def test_role_script_grants_the_runtime_role_data_rights_only():
+    """The grants, statement by statement (tests/tenancy/test_deployment_roles.py
+    runs the script on a real Postgres)."""
+    sql = re.sub(r"--[^\n]*", "", (ROOT / "deploy/postgres/roles.sql").read_text())
+    statements = [" ".join(s.split()) for s in sql.split(";") if s.strip()]
+    expected = [
+        'CREATE ROLE :"migrator" LOGIN PASSWORD :\'migrator_password\'',
+        'CREATE ROLE :"runtime" LOGIN PASSWORD :\'runtime_password\'',
+        'REVOKE ALL ON DATABASE :"database" FROM PUBLIC',
+        'GRANT CONNECT ON DATABASE :"database" TO :"migrator", :"runtime"',
+        'ALTER SCHEMA public OWNER TO :"migrator"',
+        'REVOKE ALL ON SCHEMA public FROM PUBLIC',
+        'GRANT USAGE ON SCHEMA public TO :"runtime"',
+        'ALTER DEFAULT PRIVILEGES FOR ROLE :"migrator" IN SCHEMA public '
+        'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO :"runtime"',
+        'ALTER DEFAULT PRIVILEGES FOR ROLE :"migrator" IN SCHEMA public '
+        'GRANT USAGE, SELECT ON SEQUENCES TO :"runtime"',
+    ]
+    for statement in expected:
+        assert statement in statements, f"roles.sql lacks: {statement}"
+    runtime_grants = [s for s in statements if re.search(r'TO :"runtime"', s)]
+    for statement in runtime_grants:
+        assert not re.search(r"\b(CREATE|TRUNCATE|REFERENCES|TRIGGER|ALL)\b(?! ROLE)",
+                             statement.split(" TO ")[0].replace("CREATE ROLE", "")), statement
+    assert not any("SUPERUSER" in s or "CREATEDB" in s or "CREATEROLE" in s for s in statements)
+
+
+def test_the_image_tag_is_the_project_version(services):
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for role in FENCEPOST_ROLES:
+        assert services[role]["image"] == f"fencepost:{version}", services[role]["image"]
