@@ -45,6 +45,9 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
         version="0.1.0",
         summary="Durable workflows on PostgreSQL",
         lifespan=lifespan,
+        # Swagger UI / ReDoc load scripts from a CDN: only when asked (FENCEPOST_API_DOCS).
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
     install_error_handlers(app)
     # Oversized heads (431) and, with an allow-list, foreign Host names (421)

@@ -150,3 +150,27 @@ async def test_runtime_role_runs_fencepost_but_cannot_change_the_schema(
         await admin.close()
         for role in (names["runtime"], names["migrator"]):
             await pg_admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+# ------------------------------------------------------------------ /docs
+
+
+async def test_docs_pages_load_no_foreign_script_on_the_api_origin_unless_turned_on(
+        make_api, tenancy_settings) -> None:
+    """Swagger UI and ReDoc pages load their scripts from a CDN: served on the
+    dashboard's origin, a script from elsewhere runs where the session cookie
+    lives. Off by default (FENCEPOST_API_DOCS; `fencepost dev` turns it on);
+    the schema itself is always served."""
+    api = await make_api()
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        r = await api.get(path)
+        assert r.status_code == 404, (path, r.status_code)
+        assert not re.search(r"<script[^>]+src=", r.text), r.text[:300]
+    schema = await api.get("/openapi.json")
+    assert schema.status_code == 200 and schema.json()["openapi"].startswith("3.")
+
+    dev = await make_api(tenancy_settings.model_copy(update={"api_docs": True}))
+    page = await dev.get("/docs")
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    assert (await dev.get("/redoc")).status_code == 200
+    assert Settings().api_docs is False or "FENCEPOST_API_DOCS" in os.environ
