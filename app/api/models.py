@@ -13,6 +13,10 @@ from app.schema import STATUSES
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 ID_RULE = "1 to 200 characters from A-Z a-z 0-9 . _ : -"
+# Any execution ID a filter may name: client IDs, and the IDs fencepost
+# derives (children `{parent}~{key}`, slots `{scheduleId}~{slot}`), which may
+# be longer than a client's.
+EXECUTION_ID_PATTERN = r"^[A-Za-z0-9._:~-]{1,1000}$"
 
 Status = Literal[STATUSES]  # type: ignore[valid-type]
 
