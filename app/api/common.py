@@ -25,6 +25,8 @@ AUTH_ERRORS = {**UNAUTHENTICATED, **FORBIDDEN}
 
 ERRORS = {
     400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
+    408: {"model": ErrorBody, "description": "REQUEST_TIMEOUT: the body did not arrive in time "
+          "(FENCEPOST_BODY_TIMEOUT_SECONDS)"},
     413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
     415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
     422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
@@ -94,9 +96,55 @@ def _check_path_id(execution_id: str) -> None:
 
 
 async def _json(request: Request, settings) -> object:
+    """The whole body, read within FENCEPOST_BODY_TIMEOUT_SECONDS (408
+    REQUEST_TIMEOUT after), parsed strictly. Routes read their body before
+    they do anything else with the request."""
     check_content_type(request)
-    raw = await read_body(request, settings.max_payload_bytes)
+    raw = await read_body(request, settings.max_payload_bytes, settings.body_timeout_seconds)
     return parse_json(raw, max_depth=settings.max_json_depth)
+
+
+async def _optional_json(request: Request, settings) -> object | None:
+    """An optional body (none declared: None), read and parsed like `_json`."""
+    if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
+        return None
+    return await _json(request, settings)
+
+
+def owner_of(principal) -> str | None:
+    """The owner predicate's value for a principal: a trigger-only token's ID
+    (it sees and touches only what it admitted), else None (no predicate)."""
+    return principal.token_id if principal.owns_only() else None
+
+
+def sees_tracebacks(principal) -> bool:
+    """Tracebacks of failed executions are for `read` and `operate`; a
+    trigger token sees an error's name and message only."""
+    return principal.may("read", "operate")
+
+
+def error_for(principal, error):
+    """An error object as `principal` may see it."""
+    if sees_tracebacks(principal) or not isinstance(error, dict):
+        return error
+    return {k: error[k] for k in ("name", "message") if k in error}
+
+
+def detail_for(principal, detail):
+    """An event's detail as `principal` may see it (no traceback for trigger)."""
+    if sees_tracebacks(principal) or not isinstance(detail, dict):
+        return detail
+    out = {k: v for k, v in detail.items() if k != "traceback"}
+    if isinstance(out.get("error"), dict):
+        out["error"] = error_for(principal, out["error"])
+    return out
+
+
+def outcome_for(principal, outcome):
+    """A record's outcome as `principal` may see it."""
+    if sees_tracebacks(principal) or not isinstance(outcome, dict) or "error" not in outcome:
+        return outcome
+    return {**outcome, "error": error_for(principal, outcome["error"])}
 
 
 def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",

@@ -12,6 +12,7 @@ with :func:`error_body` so that bad input never becomes a 500.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -73,13 +74,25 @@ def _too_large(limit: int) -> BodyError:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def _timed_out(timeout: float) -> BodyError:
+    return BodyError(
+        408,
+        "REQUEST_TIMEOUT",
+        f"the request body did not arrive in full within {timeout:g} s "
+        "(FENCEPOST_BODY_TIMEOUT_SECONDS); send the whole body without pausing and try again",
+    )
+
+
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
     """Read the request body, refusing to buffer more than ``limit`` bytes.
 
     A declared Content-Length above the limit is rejected before anything is
     read; otherwise the stream is consumed chunk by chunk and rejected as soon
     as the running total passes the limit (covers chunked encoding and a
-    Content-Length that understates the body).
+    Content-Length that understates the body). With ``timeout`` the whole body
+    must arrive within that many seconds (a body held back or dribbled in is
+    408 REQUEST_TIMEOUT): callers read the body before doing anything else,
+    so a request never waits on its body with work half done.
     """
     declared = request.headers.getlist("content-length")
     if declared:
@@ -97,7 +110,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     chunks: list[bytes] = []
     total = 0
     try:
-        async with aclosing(request.stream()) as stream:
+        async with asyncio.timeout(timeout), aclosing(request.stream()) as stream:
             async for chunk in stream:
                 if not chunk:
                     continue
@@ -105,6 +118,8 @@ async def read_body(request: Request, limit: int) -> bytes:
                 if total > limit:
                     raise _too_large(limit)
                 chunks.append(chunk)
+    except TimeoutError:
+        raise _timed_out(timeout or 0) from None
     except ClientDisconnect:
         raise BodyError(
             400,

@@ -117,13 +117,17 @@ class AdmissionStatements:
 
     # ---------------------------------------------------------------------- reads
 
-    async def get(self, execution_id: str) -> dict | None:
+    async def get(self, execution_id: str, owner: str | None = None) -> dict | None:
+        """The healed record, or None. With `owner` (a trigger-only token's ID)
+        the owner predicate is in this statement: a foreign record is None,
+        exactly like a missing one."""
         row = await self.pool.fetchrow(
             f"SELECT {record_columns(self.max_unacknowledged)} FROM executions "
-            "WHERE execution_id = $3",
+            "WHERE execution_id = $3 AND ($4::text IS NULL OR admitted_by = $4)",
             self.redelivery_base,
             self.redelivery_cap,
             execution_id,
+            owner,
         )
         return dict(row) if row is not None else None
 
@@ -137,40 +141,86 @@ class AdmissionStatements:
         limit: int = 50,
         admitted_by: str | None = None,
         parent_execution_id: str | None = None,
+        admitted_after: datetime | None = None,
+        admitted_before: datetime | None = None,
     ) -> tuple[list[dict], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
         Filters apply to the healed view, as `get` reports it."""
-        after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
-        rows = await self.pool.fetch(
-            f"""
-            SELECT * FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
-                           WHERE ($4::text IS NULL OR workflow_id = $4)
-                             AND ($9::text IS NULL OR admitted_by = $9)
-                             AND ($10::text IS NULL OR parent_execution_id = $10)
-                             AND ($6::timestamptz IS NULL
-                                  OR (admitted_at, execution_id) < ($6, $7::text))) r
-            WHERE ($3::text IS NULL OR r.status = $3)
-              AND ($5::int IS NULL OR r.unacknowledged_deliveries >= $5)
-            ORDER BY admitted_at DESC, execution_id DESC
-            LIMIT $8
-            """,
-            self.redelivery_base,
-            self.redelivery_cap,
-            status,
-            workflow_id,
-            min_unacknowledged_deliveries,
-            after_at,
-            after_id,
-            limit + 1,
-            admitted_by,
-            parent_execution_id,
+        query, args = self.list_query(
+            status=status, workflow_id=workflow_id,
+            min_unacknowledged_deliveries=min_unacknowledged_deliveries, cursor=cursor,
+            limit=limit, admitted_by=admitted_by, parent_execution_id=parent_execution_id,
+            admitted_after=admitted_after, admitted_before=admitted_before,
         )
+        rows = await self.pool.fetch(query, *args)
         page = [dict(r) for r in rows[:limit]]
         next_cursor = None
         if len(rows) > limit:
             last = page[-1]
             next_cursor = _encode_cursor(last["admitted_at"], last["execution_id"])
         return page, next_cursor
+
+    def list_query(
+        self,
+        *,
+        status: str | None = None,
+        workflow_id: str | None = None,
+        min_unacknowledged_deliveries: int | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        admitted_by: str | None = None,
+        parent_execution_id: str | None = None,
+        admitted_after: datetime | None = None,
+        admitted_before: datetime | None = None,
+    ) -> tuple[str, list]:
+        """The listing's one statement and its arguments (tests EXPLAIN it).
+        Only the filters given appear in it, each a plain predicate over an
+        indexed column, so the planner can use ix_executions_admitted_by_admitted
+        (a trigger token's own: the owner predicate is in the statement),
+        ix_executions_admitted (admittedAt ranges, newest first),
+        ix_executions_status_admitted / _lease_expiry / _deadline (status)."""
+        after_at, after_id = decode_cursor(cursor) if cursor else (None, None)
+        args: list = [self.redelivery_base, self.redelivery_cap]
+
+        def arg(value) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        inner: list[str] = []
+        if workflow_id is not None:
+            inner.append(f"workflow_id = {arg(workflow_id)}")
+        if admitted_by is not None:
+            inner.append(f"admitted_by = {arg(admitted_by)}")
+        if parent_execution_id is not None:
+            inner.append(f"parent_execution_id = {arg(parent_execution_id)}")
+        if admitted_after is not None:
+            inner.append(f"admitted_at >= {arg(admitted_after)}::timestamptz")
+        if admitted_before is not None:
+            inner.append(f"admitted_at < {arg(admitted_before)}::timestamptz")
+        if after_at is not None:
+            inner.append(f"(admitted_at, execution_id) < ({arg(after_at)}::timestamptz, "
+                         f"{arg(after_id)}::text)")
+        outer: list[str] = []
+        if min_unacknowledged_deliveries is not None:
+            # The healed counter is the raw one, or one more for an expired lease.
+            p_min = arg(min_unacknowledged_deliveries)
+            inner.append(f"unacknowledged_deliveries >= {p_min} - 1")
+            outer.append(f"r.unacknowledged_deliveries >= {p_min}")
+        if status is not None:
+            # Raw rows whose healed status can be `status` (a read heals an
+            # expired lease and applies the deadline sweep), then the healed filter.
+            inner.append(_RAW_STATUSES_FOR.get(status, "status = {p}").format(p=arg(status)))
+            outer.append(f"r.status = ${len(args)}")
+        where_inner = " AND ".join(inner) or "true"
+        where_outer = " AND ".join(outer) or "true"
+        query = f"""
+            SELECT * FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
+                           WHERE {where_inner}) r
+            WHERE {where_outer}
+            ORDER BY admitted_at DESC, execution_id DESC
+            LIMIT {arg(limit + 1)}
+            """
+        return query, args
 
     async def steps(self, execution_ids: list[str]) -> dict[str, dict[str, StepRecord]]:
         """Recorded steps of several executions in one round trip."""
@@ -209,16 +259,24 @@ class AdmissionStatements:
 
     # ---------------------------------------------------------------------- wakes
 
-    async def request_wake(self, execution_id: str, at: datetime | None = None) -> WakeAnswer:
+    async def request_wake(self, execution_id: str, at: datetime | None = None,
+                           owner: str | None = None) -> WakeAnswer:
         """Unfenced: an extra wake costs at most one extra delivery. Pending
         wakes merge to the earliest; during a delivery they stay apart from the
-        wakes the claim covers (due_at vs covered_due_at)."""
+        wakes the claim covers (due_at vs covered_due_at). With `owner` (a
+        trigger-only token's ID) the owner predicate is in this one statement:
+        a foreign execution is `not_found` and nothing is written, whatever
+        was admitted while the request was on its way."""
         row = await self.pool.fetchrow(
             f"""
-            WITH w AS (
+            WITH target AS (
+                SELECT true AS found FROM executions
+                WHERE execution_id = $1 AND ($3::text IS NULL OR admitted_by = $3)
+            ), w AS (
                 UPDATE executions
                 SET due_at = least(due_at, coalesce($2::timestamptz, now())), updated_at = now()
                 WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+                  AND ($3::text IS NULL OR admitted_by = $3)
                 RETURNING execution_id, due_at
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, detail)
@@ -226,16 +284,32 @@ class AdmissionStatements:
                        jsonb_build_object('at', coalesce($2::timestamptz, now()))
                 FROM w
             )
-            SELECT execution_id,
-                   CASE WHEN due_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', '') END
-            FROM w
+            SELECT EXISTS (SELECT 1 FROM w) AS requested,
+                   EXISTS (SELECT 1 FROM target) AS found,
+                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM w
+                    WHERE due_at <= now()) AS notified
             """,
             execution_id,
             at,
+            owner,
         )
-        if row is not None:
+        if row["requested"]:
             return "requested"
-        exists = await self.pool.fetchval(
-            "SELECT true FROM executions WHERE execution_id = $1", execution_id
-        )
-        return "ignored" if exists else "not_found"
+        return "ignored" if row["found"] else "not_found"
+
+
+# Raw statuses a row may have when a read reports it with the healed status
+# (app/store/types.py healed_status_sql): an expired lease heals into
+# admitted/suspended/parked/cancelled/timed_out; the deadline sweep turns an
+# unheld row past its deadline into timed_out. Each alternative is an indexed
+# predicate (ix_executions_status_admitted, ix_executions_lease_expiry,
+# ix_executions_deadline).
+_EXPIRED_LEASE = "(status = 'running' AND lease_expires_at <= now())"
+_RAW_STATUSES_FOR = {
+    "admitted": f"(status = {{p}} OR {_EXPIRED_LEASE})",
+    "suspended": f"(status = {{p}} OR {_EXPIRED_LEASE})",
+    "parked": f"(status = {{p}} OR {_EXPIRED_LEASE})",
+    "cancelled": f"(status = {{p}} OR {_EXPIRED_LEASE})",
+    "timed_out": f"(status = {{p}} OR {_EXPIRED_LEASE} OR "
+                 "(status IN ('admitted', 'suspended', 'parked') AND deadline <= now()))",
+}

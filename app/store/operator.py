@@ -4,6 +4,7 @@ who made it is written to the history in the same statement."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
@@ -238,6 +239,102 @@ class OperatorStatements:
             limit,
         )
         return [dict(r) for r in rows]
+
+    # A trigger-only token's reads carry the owner predicate in the one
+    # statement that reads (`$owner IS NULL OR admitted_by = $owner`): a row
+    # admitted by another token while the request was on its way is never
+    # shown, and a foreign execution reads exactly like a missing one (None).
+
+    async def execution_events_page(self, execution_id: str, *, after: int, limit: int,
+                                    owner: str | None = None) -> list[dict] | None:
+        """Events after `after`, oldest first; None when the execution does
+        not exist or (with `owner`) was admitted by another token."""
+        rows = await self.pool.fetch(
+            """
+            SELECT ev.event_id, ev.at, ev.kind, ev.token, ev.detail
+            FROM (SELECT execution_id FROM executions
+                  WHERE execution_id = $1 AND ($4::text IS NULL OR admitted_by = $4)) e
+            LEFT JOIN LATERAL (
+                SELECT event_id, at, kind, token, detail FROM execution_events
+                WHERE execution_id = e.execution_id AND event_id > $2
+                ORDER BY event_id LIMIT $3
+            ) ev ON true
+            """,
+            execution_id, after, limit, owner,
+        )
+        if not rows:
+            return None
+        return [dict(r) for r in rows if r["event_id"] is not None]
+
+    async def execution_steps_page(
+        self, execution_id: str, *, include_values: bool, limit: int,
+        after: tuple[int, datetime, str] | None = None, owner: str | None = None,
+    ) -> list[dict] | None:
+        """Recorded steps (by recorded_at), then effect attempts in doubt (by
+        started_at), keyset-paginated on (group, time, step key); `after` is
+        the last row's `position`. None when the execution does not exist or
+        (with `owner`) was admitted by another token."""
+        group, at, key = after if after is not None else (None, None, None)
+        rows = await self.pool.fetch(
+            """
+            SELECT x.* FROM (SELECT execution_id FROM executions
+                             WHERE execution_id = $1
+                               AND ($7::text IS NULL OR admitted_by = $7)) e
+            LEFT JOIN LATERAL (
+                SELECT * FROM (
+                    SELECT 0 AS grp, s.recorded_at AS sort_at, s.step_key, s.status,
+                           s.attempts, s.token, s.function_name, s.recorded_at,
+                           NULL::timestamptz AS started_at, NULL::text AS idempotency_key,
+                           CASE WHEN $2 THEN s.value END AS value,
+                           CASE WHEN $2 THEN s.error END AS error,
+                           pg_column_size(s.value) AS value_bytes,
+                           s.error ->> 'name' AS error_name
+                    FROM execution_steps s WHERE s.execution_id = e.execution_id
+                    UNION ALL
+                    SELECT 1, f.started_at, f.step_key, f.status, f.attempts, f.token,
+                           f.function_name, NULL, f.started_at, f.idempotency_key, NULL, NULL,
+                           NULL, NULL
+                    FROM effects f
+                    WHERE f.execution_id = e.execution_id
+                      AND NOT EXISTS (SELECT 1 FROM execution_steps s
+                                      WHERE s.execution_id = f.execution_id
+                                        AND s.step_key = f.step_key)
+                ) u
+                WHERE $4::int IS NULL
+                   OR (u.grp, u.sort_at, u.step_key) > ($4::int, $5::timestamptz, $6::text)
+                ORDER BY u.grp, u.sort_at, u.step_key
+                LIMIT $3
+            ) x ON true
+            """,
+            execution_id, include_values, limit, group, at, key, owner,
+        )
+        if not rows:
+            return None
+        return [dict(r) for r in rows if r["step_key"] is not None]
+
+    async def execution_late_observations_page(
+        self, execution_id: str, *, after: int, limit: int, owner: str | None = None,
+    ) -> list[dict] | None:
+        """Late observations after `after` (an observation ID), oldest first;
+        None when the execution does not exist or (with `owner`) was admitted
+        by another token."""
+        rows = await self.pool.fetch(
+            """
+            SELECT o.observation_id, o.step_key, o.token, o.owner, o.value, o.error,
+                   o.observed_at, o.conflict
+            FROM (SELECT execution_id FROM executions
+                  WHERE execution_id = $1 AND ($4::text IS NULL OR admitted_by = $4)) e
+            LEFT JOIN LATERAL (
+                SELECT * FROM late_observations
+                WHERE execution_id = e.execution_id AND observation_id > $2
+                ORDER BY observation_id LIMIT $3
+            ) o ON true
+            """,
+            execution_id, after, limit, owner,
+        )
+        if not rows:
+            return None
+        return [dict(r) for r in rows if r["observation_id"] is not None]
 
     async def exists(self, execution_id: str) -> bool:
         return bool(

@@ -12,7 +12,8 @@ in-process client and a real uvicorn server for raw-socket attacks.
   make_api           `api = await make_api(settings=None, workflows=None)`: an httpx client on a
                      fresh create_app(...) with its lifespan running (in-process ASGI)
   api                one such client on tenancy_settings
-  make_server        `srv = await make_server(settings=None, workflows=None)`: create_app(...)
+  make_server        `srv = await make_server(settings=None, workflows=None, wrap=None)`:
+                     create_app(...) (wrapped by `wrap(app)`, an ASGI middleware, if given)
                      served by a real uvicorn on 127.0.0.1:<free port> (own thread and loop);
                      srv.base, srv.port, srv.client() -> httpx.AsyncClient; stopped after
   server             one such server on tenancy_settings
@@ -20,6 +21,8 @@ in-process client and a real uvicorn server for raw-socket attacks.
                      POST /v1/executions as `token`, asserting 201
 
 Helpers (import from tests.tenancy.conftest): Token, Tokens, headers(token),
+BodyProbe (an ASGI wrap: `await probe.reading(path)` returns once the app asks for that
+request's body, i.e. everything it does before reading the body has been done),
 raw_connect(port), send_head(sock, method, path, token, length, extra=None),
 read_response(sock) -> (status, headers, body).
 """
@@ -134,14 +137,15 @@ class LiveServer:
     """create_app(settings, workflows) served by uvicorn on 127.0.0.1:<free port>,
     from a thread with its own event loop (a real HTTP/1.1 server: raw sockets work)."""
 
-    def __init__(self, settings: Settings, workflows=None, **uvicorn_options) -> None:
+    def __init__(self, settings: Settings, workflows=None, wrap=None, **uvicorn_options) -> None:
         self.app = create_app(settings, workflows=workflows)
+        served = self.app if wrap is None else wrap(self.app)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, loop="asyncio", log_level="warning", lifespan="on",
+        config = uvicorn.Config(served, loop="asyncio", log_level="warning", lifespan="on",
                                 access_log=False, **uvicorn_options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
@@ -170,8 +174,9 @@ class LiveServer:
 async def make_server(tenancy_settings: Settings) -> AsyncIterator[Callable]:
     servers: list[LiveServer] = []
 
-    async def _make(settings: Settings | None = None, workflows=None, **uvicorn_options) -> LiveServer:
-        srv = LiveServer(settings or tenancy_settings, workflows, **uvicorn_options)
+    async def _make(settings: Settings | None = None, workflows=None, wrap=None,
+                    **uvicorn_options) -> LiveServer:
+        srv = LiveServer(settings or tenancy_settings, workflows, wrap, **uvicorn_options)
         servers.append(srv)
         return await srv.start()
 
@@ -204,6 +209,41 @@ def admit_as() -> Callable:
 
 
 # -- raw sockets: requests whose body is held back ---------------------------------
+
+class BodyProbe:
+    """An ASGI wrap recording, per request path, that the app has asked for the
+    request's body (its first `receive()`); pass `wrap=probe` to make_server."""
+
+    def __init__(self) -> None:
+        self._reading: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, app):
+        async def wrapped(scope, receive, send):
+            if scope["type"] != "http":
+                return await app(scope, receive, send)
+            path = scope["path"]
+
+            async def probed_receive():
+                with self._lock:
+                    self._reading.add(path)
+                return await receive()
+
+            return await app(scope, probed_receive, send)
+
+        return wrapped
+
+    def has_read(self, path: str) -> bool:
+        with self._lock:
+            return path in self._reading
+
+    async def reading(self, path: str, timeout: float = 10) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.has_read(path):
+            assert loop.time() < deadline, f"the app never asked for the body of {path}"
+            await asyncio.sleep(0.005)
+
 
 async def raw_connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection("127.0.0.1", port)

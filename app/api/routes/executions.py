@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
-from app.api.auth import Reader, Trigger, Waker, ensure_visible
+from app.api.auth import Reader, Trigger, Waker
 from app.api.common import (
     _UNSTORABLE_TEXT,
     ERRORS,
@@ -19,6 +19,9 @@ from app.api.common import (
     _invalid,
     _json,
     _optional_body_schema,
+    _optional_json,
+    outcome_for,
+    owner_of,
     registered_workflow,
 )
 from app.api.deps import SettingsDep, StoreDep, live_workflows
@@ -146,9 +149,28 @@ async def list_executions(
     parent_execution_id: Annotated[
         str | None, Query(alias="parentExecutionId", pattern=ID_PATTERN)
     ] = None,
+    admitted_after: Annotated[datetime | None, Query(
+        alias="admittedAfter", description="only executions admitted at or after this time "
+        "(with a time zone offset)")] = None,
+    admitted_before: Annotated[datetime | None, Query(
+        alias="admittedBefore", description="only executions admitted before this time "
+        "(with a time zone offset)")] = None,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ):
+    for name, moment in (("admittedAfter", admitted_after), ("admittedBefore", admitted_before)):
+        if moment is None:
+            continue
+        try:
+            if moment.tzinfo is None:
+                raise ValueError
+            moment.astimezone(UTC)
+        except (ValueError, OverflowError):
+            raise ApiError(
+                422, "INVALID_REQUEST",
+                f"{name}: give a time with a time zone offset between years 0001 and 9999 "
+                "(for example 2026-01-01T00:00:00Z)",
+            ) from None
     if cursor is not None:
         try:
             after_at, after_id = decode_cursor(cursor)
@@ -168,8 +190,11 @@ async def list_executions(
         min_unacknowledged_deliveries=min_unacknowledged_deliveries,
         cursor=cursor,
         limit=limit,
-        admitted_by=principal.token_id if principal.owns_only() else None,
+        # The owner predicate is in the listing's statement.
+        admitted_by=owner_of(principal),
         parent_execution_id=parent_execution_id,
+        admitted_after=admitted_after,
+        admitted_before=admitted_before,
     )
     live = await live_workflows(store, settings, rows)
     return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}
@@ -184,10 +209,13 @@ async def list_executions(
 async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDep,
                         principal: Reader):
     _check_path_id(execution_id)
-    row = await store.get(execution_id)
-    if row is None or (principal.owns_only() and row["admitted_by"] != principal.token_id):
+    # One statement reads the record under the owner predicate: foreign = missing.
+    row = await store.get(execution_id, owner=owner_of(principal))
+    if row is None:
         raise not_found(execution_id)
-    return record(row, await live_workflows(store, settings, [row]))
+    view = record(row, await live_workflows(store, settings, [row]))
+    view["outcome"] = outcome_for(principal, view["outcome"])
+    return view
 
 
 @router.post(
@@ -200,11 +228,13 @@ async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDe
 )
 async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                        principal: Waker):
+    # The whole body first (within FENCEPOST_BODY_TIMEOUT_SECONDS), then one
+    # statement that checks the owner and writes: nothing admitted while the
+    # body was on its way can be woken by another token.
+    body = await _optional_json(request, settings)
     _check_path_id(execution_id)
-    await ensure_visible(store, principal, execution_id)
     at = None
-    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
-        body = await _json(request, settings)
+    if body is not None:
         try:
             at = WakeRequest.model_validate(body if body is not None else {}).at
         except ValidationError as exc:
@@ -221,7 +251,7 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
                     422, "INVALID_REQUEST",
                     "at: out of range in UTC; give a time between years 0001 and 9999",
                 ) from None
-    answer = await store.request_wake(execution_id, at)
+    answer = await store.request_wake(execution_id, at, owner=owner_of(principal))
     if answer == "not_found":
         raise not_found(execution_id)
     return {"status": answer}

@@ -3,15 +3,28 @@ and the workers."""
 
 from __future__ import annotations
 
+import base64
+import json
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from app.api.auth import Reader, StrictReader, ensure_visible
-from app.api.common import ERRORS, FORBIDDEN, INVALID_QUERY, UNAUTHENTICATED, _check_path_id
+from app.api.auth import Reader, StrictReader
+from app.api.common import (
+    _UNSTORABLE_TEXT,
+    ERRORS,
+    FORBIDDEN,
+    INVALID_QUERY,
+    UNAUTHENTICATED,
+    _check_path_id,
+    detail_for,
+    error_for,
+    owner_of,
+)
 from app.api.deps import SettingsDep, StoreDep
-from app.api.errors import not_found
+from app.api.errors import ApiError, not_found
 from app.api.models import ErrorBody, WorkerList, worker_view
 
 router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
@@ -26,11 +39,19 @@ class EventPage(BaseModel):
 
 class StepList(BaseModel):
     steps: list[dict[str, Any]]
+    nextCursor: str | None = Field(  # noqa: N815 - wire name
+        None, description="Pass as `cursor` for the next page; null on the last page.")
 
 
 class LateObservationList(BaseModel):
     lateObservations: list[dict[str, Any]]  # noqa: N815 - wire name
+    nextAfter: int | None = Field(  # noqa: N815 - wire name
+        None, description="Pass as `after` for the next page; null on the last page.")
 
+
+# Each route reads with one statement that carries the owner predicate for a
+# trigger-only token (owner_of): a foreign execution is the same 404 as a
+# missing one, and nothing admitted by another token mid-request is shown.
 
 @router.get("/v1/executions/{execution_id}/events", response_model=EventPage,
             summary="The append-only history, oldest first",
@@ -43,35 +64,65 @@ async def events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    await ensure_visible(store, principal, execution_id)
-    rows = await store.events_page(execution_id, after=after, limit=limit)
-    if not rows and not await store.exists(execution_id):
+    rows = await store.execution_events_page(execution_id, after=after, limit=limit,
+                                             owner=owner_of(principal))
+    if rows is None:
         raise not_found(execution_id)
     page = [
         {"eventId": r["event_id"], "at": r["at"], "kind": r["kind"], "token": r["token"],
-         "detail": r["detail"]}
+         "detail": detail_for(principal, r["detail"])}
         for r in rows
     ]
     return {"events": page, "nextAfter": page[-1]["eventId"] if len(page) == limit else None}
 
 
+def _step_cursor(row: dict) -> str:
+    raw = json.dumps([row["grp"], row["sort_at"].isoformat(), row["step_key"]]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        group, at, key = json.loads(raw)
+        at = datetime.fromisoformat(at)
+        if (group not in (0, 1) or at.tzinfo is None or not isinstance(key, str)
+                or _UNSTORABLE_TEXT.search(key)):
+            raise ValueError("not an issued cursor")
+        at.astimezone(UTC)
+        return group, at, key
+    except Exception:
+        raise ApiError(
+            422, "INVALID_CURSOR",
+            "cursor is not one this server issued; pass nextCursor from the previous page",
+        ) from None
+
+
 @router.get("/v1/executions/{execution_id}/steps", response_model=StepList,
-            summary="Recorded steps, and effect attempts whose outcome is in doubt",
-            responses={**NOT_FOUND, **INVALID_QUERY})
+            summary="Recorded steps, then effect attempts whose outcome is in doubt "
+            "(keyset pagination)",
+            responses={**NOT_FOUND,
+                       422: {"model": ErrorBody,
+                             "description": "INVALID_REQUEST / INVALID_CURSOR"}})
 async def steps(
     execution_id: str,
     store: StoreDep,
     principal: Reader,
     include_values: Annotated[bool, Query(alias="includeValues",
                                           description="load results and errors")] = False,
+    cursor: Annotated[str | None, Query(max_length=2000,
+                                        description="nextCursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    await ensure_visible(store, principal, execution_id)
-    if not await store.exists(execution_id):
+    after = _decode_step_cursor(cursor) if cursor is not None else None
+    rows = await store.execution_steps_page(execution_id, include_values=include_values,
+                                            limit=limit + 1, after=after,
+                                            owner=owner_of(principal))
+    if rows is None:
         raise not_found(execution_id)
-    rows = await store.step_details(execution_id, include_values=include_values)
     out = []
-    for r in rows:
+    for r in rows[:limit]:
         step = {
             "stepKey": r["step_key"], "status": r["status"], "attempts": r["attempts"],
             "token": r["token"], "function": r["function_name"], "recordedAt": r["recorded_at"],
@@ -79,27 +130,37 @@ async def steps(
             "valueBytes": r["value_bytes"], "errorName": r["error_name"],
         }
         if include_values:
-            step["result"], step["error"] = r["value"], r["error"]
+            step["result"], step["error"] = r["value"], error_for(principal, r["error"])
         out.append(step)
-    return {"steps": out}
+    next_cursor = _step_cursor(rows[limit - 1]) if len(rows) > limit else None
+    return {"steps": out, "nextCursor": next_cursor}
 
 
 @router.get("/v1/executions/{execution_id}/late-observations",
             response_model=LateObservationList,
             summary="What stale holders observed after their lease was lost (evidence only)",
-            responses=NOT_FOUND)
-async def late_observations(execution_id: str, store: StoreDep, principal: Reader):
+            responses={**NOT_FOUND, **INVALID_QUERY})
+async def late_observations(
+    execution_id: str,
+    store: StoreDep,
+    principal: Reader,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1,
+                                description="observationId to continue after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+):
     _check_path_id(execution_id)
-    await ensure_visible(store, principal, execution_id)
-    if not await store.exists(execution_id):
+    rows = await store.execution_late_observations_page(execution_id, after=after, limit=limit,
+                                                        owner=owner_of(principal))
+    if rows is None:
         raise not_found(execution_id)
-    rows = await store.late_observations(execution_id)
-    return {"lateObservations": [
+    page = [
         {"observationId": r["observation_id"], "stepKey": r["step_key"], "token": r["token"],
-         "owner": r["owner"], "value": r["value"], "error": r["error"],
+         "owner": r["owner"], "value": r["value"], "error": error_for(principal, r["error"]),
          "observedAt": r["observed_at"]}
         for r in rows
-    ]}
+    ]
+    return {"lateObservations": page,
+            "nextAfter": page[-1]["observationId"] if len(page) == limit else None}
 
 
 @router.get("/v1/workers", response_model=WorkerList,
