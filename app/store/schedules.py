@@ -6,9 +6,11 @@ fire once. On top of that, a worker evaluates a schedule only while holding
 its row lock (`FOR UPDATE SKIP LOCKED`), so evaluations of one schedule do
 not overlap: `last_slot` only moves forward and skip events are written once.
 
-Schedule events live in `execution_events` under the pseudo execution ID
-`schedule:{schedule_id}` (kinds `schedule_created`, `schedule_fired`,
-`schedule_slots_skipped`, `schedule_paused`, `schedule_resumed`).
+Schedule events live in their own table, `schedule_events` (kinds
+`schedule_created`, `schedule_fired`, `schedule_slots_skipped`,
+`schedule_paused`, `schedule_resumed`), never in `execution_events`: an
+execution's history holds only that execution's events, whatever its ID
+(a client may admit an execution named `schedule:nightly`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,6 @@ from app.store.types import InvalidEvent
 
 _COLUMNS = """schedule_id, workflow_id, cron, timezone, params, paused, catch_up, source,
               created_at, last_slot, updated_at"""
-
-
-def events_id(schedule_id: str) -> str:
-    """The execution_id under which a schedule's events are recorded."""
-    return f"schedule:{schedule_id}"
 
 
 @dataclass
@@ -54,13 +51,13 @@ class ScheduleTurn:
                 WHERE schedule_id = $1
                 RETURNING schedule_id
             )
-            INSERT INTO execution_events (execution_id, kind, detail)
-            SELECT $3, 'schedule_slots_skipped', $5::jsonb || jsonb_build_object('skipped', $4::int)
-            FROM adv WHERE $4::int > 0
+            INSERT INTO schedule_events (schedule_id, kind, detail)
+            SELECT schedule_id, 'schedule_slots_skipped',
+                   $4::jsonb || jsonb_build_object('skipped', $3::int)
+            FROM adv WHERE $3::int > 0
             """,
             schedule_id,
             until,
-            events_id(schedule_id),
             skipped,
             detail or {},
         )
@@ -92,8 +89,8 @@ class ScheduleStatements:
                     ON CONFLICT (schedule_id) DO NOTHING
                     RETURNING {_COLUMNS}
                 ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, detail)
-                    SELECT 'schedule:' || schedule_id, 'schedule_created',
+                    INSERT INTO schedule_events (schedule_id, kind, detail)
+                    SELECT schedule_id, 'schedule_created',
                            jsonb_build_object('source', 'api', 'by', $7::text, 'cron', cron,
                                               'timezone', timezone)
                     FROM ins
@@ -149,8 +146,9 @@ class ScheduleStatements:
                   AND workflow_id = ANY($1::text[])
                 RETURNING schedule_id
             ), ev AS (
-                DELETE FROM execution_events
-                WHERE execution_id IN (SELECT 'schedule:' || schedule_id FROM d)
+                -- Only the schedule's own history: never an execution's events.
+                DELETE FROM schedule_events
+                WHERE schedule_id IN (SELECT schedule_id FROM d)
             )
             SELECT schedule_id FROM d
             """,
@@ -197,8 +195,8 @@ class ScheduleStatements:
                 WHERE schedule_id = $1 AND paused IS DISTINCT FROM $2
                 RETURNING schedule_id
             )
-            INSERT INTO execution_events (execution_id, kind, detail)
-            SELECT 'schedule:' || schedule_id,
+            INSERT INTO schedule_events (schedule_id, kind, detail)
+            SELECT schedule_id,
                    CASE WHEN $2 THEN 'schedule_paused' ELSE 'schedule_resumed' END,
                    jsonb_build_object('by', $3::text)
             FROM upd
@@ -214,8 +212,9 @@ class ScheduleStatements:
             WITH d AS (
                 DELETE FROM schedules WHERE schedule_id = $1 RETURNING schedule_id
             ), ev AS (
-                DELETE FROM execution_events
-                WHERE execution_id = 'schedule:' || $1 AND EXISTS (SELECT 1 FROM d)
+                -- Only the schedule's own history: never an execution's events.
+                DELETE FROM schedule_events
+                WHERE schedule_id = $1 AND EXISTS (SELECT 1 FROM d)
             )
             SELECT count(*) FROM d
             """,
@@ -228,11 +227,11 @@ class ScheduleStatements:
         rows = await self.pool.fetch(
             """
             SELECT * FROM (
-                SELECT event_id, at, kind, detail FROM execution_events
-                WHERE execution_id = $1 ORDER BY event_id DESC LIMIT $2
+                SELECT event_id, at, kind, detail FROM schedule_events
+                WHERE schedule_id = $1 ORDER BY event_id DESC LIMIT $2
             ) e ORDER BY event_id
             """,
-            events_id(schedule_id), limit,
+            schedule_id, limit,
         )
         return [dict(r) for r in rows]
 
@@ -275,11 +274,11 @@ class ScheduleStatements:
                                     slot: datetime) -> None:
         await self.pool.execute(
             """
-            INSERT INTO execution_events (execution_id, kind, detail)
+            INSERT INTO schedule_events (schedule_id, kind, detail)
             VALUES ($1, 'schedule_fired', jsonb_build_object('executionId', $2::text,
                                                              'slot', $3::timestamptz))
             """,
-            events_id(schedule_id), execution_id, slot,
+            schedule_id, execution_id, slot,
         )
 
     async def prune_schedule_events(self, workflow_ids: list[str],
@@ -290,9 +289,9 @@ class ScheduleStatements:
         return await self.pool.fetchval(
             """
             WITH d AS (
-                DELETE FROM execution_events
-                WHERE execution_id IN (SELECT 'schedule:' || schedule_id FROM schedules
-                                       WHERE workflow_id = ANY($1::text[]))
+                DELETE FROM schedule_events
+                WHERE schedule_id IN (SELECT schedule_id FROM schedules
+                                      WHERE workflow_id = ANY($1::text[]))
                   AND at < now() - make_interval(secs => $2)
                 RETURNING 1
             )
