@@ -13,7 +13,13 @@ embedded Postgres), then:
    the client, executions/s from the first admission to the last completion
    on the database clock;
 4. commits per execution: the database's transaction counter over the run,
-   divided by N (everything counts: API, workers, polling, renewals).
+   divided by N (everything counts: API, workers, polling, renewals);
+5. quotas, with the workers stopped (the API alone, as in 1): a second API
+   process with authentication on; two trigger tokens,
+   one with an admission quota far above the load, one without, admit
+   --quota-executions each from the same concurrent clients, in alternating
+   rounds (so drift in the machine's load falls on both); the ratio of their
+   admissions/s is what a quota costs (1.0 = nothing).
 
 Machines here are shared and noisy: compare figures within one run.
 """
@@ -47,6 +53,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
     p.add_argument("--latency-samples", type=int, default=50,
                    help="sequential admissions for start latency (default 50)")
+    p.add_argument("--quota-executions", type=int, default=1000,
+                   help="admissions per token in the quota phase (default 1000; 0 skips it)")
 
 
 def _free_port() -> int:
@@ -110,15 +118,17 @@ async def _start_latency(client: httpx.AsyncClient, conn: asyncpg.Connection, ru
     return [float(r["ms"]) for r in rows]
 
 
-async def _admit_over(port: int, bodies: list[bytes], latencies: list[float]) -> None:
+async def _admit_over(port: int, bodies: list[bytes], latencies: list[float],
+                      token: str | None = None) -> None:
     """One keep-alive HTTP/1.1 connection admitting `bodies` in turn. A plain
     asyncio client: httpx's own overhead capped the rate it could offer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = b"" if token is None else b"Authorization: Bearer " + token.encode() + b"\r\n"
     try:
         for body in bodies:
             request = (
-                b"POST /v1/executions HTTP/1.1\r\nHost: bench\r\n"
-                b"Content-Type: application/json\r\nContent-Length: "
+                b"POST /v1/executions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
+                + b"Content-Type: application/json\r\nContent-Length: "
                 + str(len(body)).encode() + b"\r\n\r\n" + body
             )
             t = time.perf_counter()
@@ -223,7 +233,64 @@ async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, client
     }
 
 
-async def _measure(url: str, port: int, args: argparse.Namespace, start_workers) -> dict:
+async def _quota_cost(url: str, port: int, run: str, n: int, clients: int) -> dict:
+    """Admissions/s under a token with an admission quota far above the load
+    against a token with none, on an API process with authentication on, in
+    alternating rounds; the ratio is the quota's cost."""
+    from app.api.auth import new_token
+    from app.store import ExecutionStore
+
+    pool = await asyncpg.create_pool(asyncpg_dsn(url), min_size=1, max_size=2)
+    try:
+        store = ExecutionStore(pool)
+        tokens = {}
+        for side, quota in (("none", None), ("quota", 2_000_000_000)):
+            token_id, token, digest = new_token()
+            await store.create_token(token_id, name=f"{run}-{side}", role="trigger",
+                                     secret_sha256=digest, admissions_per_minute=quota)
+            tokens[side] = token
+    finally:
+        await pool.close()
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base) as client:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the authenticated API did not become ready in time")
+            await asyncio.sleep(0.1)
+    rounds = 8
+    seconds = {"none": 0.0, "quota": 0.0}
+    done = {"none": 0, "quota": 0}
+    for r in range(rounds):
+        size = n // rounds + (1 if r < n % rounds else 0)
+        order = ("none", "quota") if r % 2 == 0 else ("quota", "none")
+        for side in order:
+            bodies = [
+                json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-q{side}-{r}-{i}",
+                            "params": {"n": i}}).encode()
+                for i in range(size)
+            ]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(_admit_over(port, bodies[c::clients], [], tokens[side])
+                                   for c in range(clients)))
+            seconds[side] += time.perf_counter() - t0
+            done[side] += size
+    no_quota = done["none"] / seconds["none"]
+    with_quota = done["quota"] / seconds["quota"]
+    return {
+        "admissions_per_second_no_quota": no_quota,
+        "admissions_per_second_with_quota": with_quota,
+        "quota_admission_ratio": with_quota / no_quota,
+    }
+
+
+async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
+                   auth_port: int | None = None, stop_workers=None) -> dict:
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
@@ -251,6 +318,11 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers)
             "start_latency_p99_ms": _percentile(latency, 0.99),
             "commits_per_execution": commits / args.executions,
         })
+        if auth_port is not None:
+            if stop_workers is not None:
+                await asyncio.to_thread(stop_workers)
+            result.update(await _quota_cost(url, auth_port, run, args.quota_executions,
+                                            args.clients))
         return result
     finally:
         await conn.close()
@@ -261,6 +333,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.executions < 1 or args.workers < 1 or args.concurrency < 1 or args.clients < 1:
         print("error: --executions, --workers, --concurrency and --clients must be positive")
+        return 2
+    if args.quota_executions < 0:
+        print("error: --quota-executions must be 0 (skip the quota phase) or positive")
         return 2
     server = None
     url = settings.database_url
@@ -277,12 +352,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
                "env_extra": env, "log_level": "warning", "stderr": devnull}
     children = spawn_children(url, workers=0, **options)
+    auth_port = None
+    if args.quota_executions:
+        # The quota phase's API: the same service with authentication on.
+        auth_port = _free_port()
+        children += spawn_children(url, workers=0, **{
+            **options, "port": auth_port,
+            "env_extra": {**env, "FENCEPOST_AUTH": "enabled"}})
+
+    workers: list = []
 
     def start_workers() -> None:
-        children.extend(spawn_children(url, workers=args.workers, api=False, **options))
+        workers.extend(spawn_children(url, workers=args.workers, api=False, **options))
+        children.extend(workers)
+
+    def stop_workers() -> None:
+        stop_children(workers)
 
     try:
-        result = asyncio.run(_measure(url, port, args, start_workers))
+        result = asyncio.run(_measure(url, port, args, start_workers, auth_port, stop_workers))
     finally:
         stop_children(children)
         devnull.close()
@@ -294,6 +382,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "workers": args.workers,
         "concurrency": args.concurrency,
         "clients": args.clients,
+        "quota_executions": args.quota_executions,
         "steps_per_execution": 3,
         "database": "embedded" if server is not None else "DATABASE_URL",
         "lease_seconds": settings.lease_seconds,
