@@ -72,6 +72,14 @@ def stop_children(children: list[subprocess.Popen], grace: float = 15.0) -> None
             child.wait()
 
 
+def dev_overrides() -> dict[str, str]:
+    """What `fencepost dev` changes for its API: plain-HTTP cookies (the
+    dashboard on http://host:port) and the /docs pages, unless the environment
+    sets them."""
+    defaults = {"FENCEPOST_COOKIE_SECURE": "false", "FENCEPOST_API_DOCS": "true"}
+    return {name: os.environ.get(name, value) for name, value in defaults.items()}
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
@@ -85,7 +93,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         url = server.url
     asyncio.run(upgrade(url))
     workflows = settings.workflows or "app.examples"
-    env = {"FENCEPOST_WORKFLOWS": workflows}
+    env = {"FENCEPOST_WORKFLOWS": workflows, **dev_overrides()}
     base = f"http://{args.host}:{args.port}"
     print(
         f"""
@@ -95,6 +103,9 @@ fencepost dev
   workflows  {workflows}
   database   {'embedded, data in ' + str(args.data_dir) if server else 'DATABASE_URL'}
   auth       FENCEPOST_AUTH=disabled: a development setup; do not expose it
+  cookies    FENCEPOST_COOKIE_SECURE={env["FENCEPOST_COOKIE_SECURE"]}: {
+    "sent over plain HTTP (development only)" if env["FENCEPOST_COOKIE_SECURE"] == "false"
+    else "HTTPS only"}
 
 Try:
   curl -s -X POST {base}/v1/executions -H 'content-type: application/json' \\

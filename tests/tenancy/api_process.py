@@ -60,13 +60,13 @@ class ApiProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def wait_ready(self, timeout: float = 30) -> ApiProcess:
+    async def wait_ready(self, timeout: float = 30, host: str = "localhost") -> ApiProcess:
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(base_url=self.base, timeout=2) as c:
             while True:
                 assert self.proc.poll() is None, f"api exited:\n{self.log()}"
                 with contextlib.suppress(httpx.TransportError):
-                    if (await c.get("/readyz")).status_code == 200:
+                    if (await c.get("/readyz", headers={"host": host})).status_code == 200:
                         return self
                 assert time.monotonic() < deadline, f"api not ready:\n{self.log()}"
                 await asyncio.sleep(0.05)
