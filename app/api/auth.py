@@ -166,18 +166,6 @@ Operator = Annotated[Principal, Depends(require("operate"))]
 Waker = Annotated[Principal, Depends(require("trigger", "operate"))]
 
 
-async def ensure_visible(store: ExecutionStore, principal: Principal, execution_id: str) -> None:
-    """A trigger-only token sees only the executions it admitted; others are
-    answered as if they did not exist."""
-    if not principal.owns_only():
-        return
-    exists, owner = await store.admitted_by(execution_id)
-    if exists and owner != principal.token_id:
-        from app.api.errors import not_found
-
-        raise not_found(execution_id)
-
-
 def actor(principal: Principal, given: str | None) -> str:
     """Who a decision is recorded as: the token's name; without auth, what
     the caller says (or "api")."""
