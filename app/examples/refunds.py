@@ -33,6 +33,11 @@ async def approve_refund(ctx: WorkflowContext, p: RefundRequest) -> dict:
     sender = decision.sender
     by = None if sender is None else {"tokenId": sender.token_id, "name": sender.name,
                                       "role": sender.role}
+    # The API refuses others (signals= above); checked here too, for an API
+    # started without this module loaded.
+    if sender is None or sender.role != "operate":
+        return {"refunded": False, "reason": "the approval did not come from an operator",
+                "sentBy": by}
     if not isinstance(decision.payload, dict) or not decision.payload.get("approved"):
         return {"refunded": False, "reason": "rejected", "rejectedBy": by}
     refund = await ctx.step("issue-refund", issue_refund, p.order_id, p.amount_cents)

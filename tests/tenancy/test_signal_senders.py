@@ -288,3 +288,26 @@ async def test_two_senders_queued_on_the_row_with_room_for_one_store_one(
         await lock.release()
     assert (await first, await second) == (202, 429)
     assert [s["payload"] for s in await signal_rows(pool, "queue-1")] == [0, 1]
+
+
+async def test_the_refund_example_itself_refuses_an_approval_not_sent_by_an_operator(
+        store, tenancy_settings, tokens):
+    """Defence in depth, for an API started without the example loaded: the
+    workflow checks the recorded sender itself."""
+    from app.store.signals import SignalSender
+
+    fast = tenancy_settings.model_copy(update={"poll_seconds": 0.2})
+    running = InProcessWorkers(fast, EXAMPLES)
+    try:
+        await store.admit(workflow_id="approve-refund", execution_id="refund-8",
+                          params={"order_id": 8, "amount_cents": 100})
+        sender = SignalSender(tokens.a.token_id, "tenant-a", "trigger")
+        assert await store.send_signal("refund-8", "approval", {"approved": True},
+                                       sender=sender) == ("received", None)
+        await running.start()
+        record = await wait_status(store, "refund-8", "completed", "failed", timeout=30)
+    finally:
+        await running.stop_all()
+    assert record["outcome"]["result"] == {
+        "refunded": False, "reason": "the approval did not come from an operator",
+        "sentBy": {"tokenId": tokens.a.token_id, "name": "tenant-a", "role": "trigger"}}
