@@ -1,5 +1,5 @@
 """Child workflows: `ctx.start_child(key, workflow_id, params, execution_id=None)`
-admits a child idempotently by receipt (its ID, default "{parent}:{key}", and
+admits a child idempotently by receipt (its ID, default "{parent}~{key}", and
 the link to the parent's step); `ctx.wait_for_child(key, child_id)` suspends
 the parent until the child is terminal, and the child's terminal transition
 wakes the parent in the same statement; cancelling a parent reaches its
@@ -51,7 +51,7 @@ async def test_parent_wakes_when_its_child_completes_and_they_link_to_each_other
     await workers.start(concurrency=4, poll_seconds=30)
     await admit(store, "cmp-parent", "par-ok",
                 {"children": [{"value": 21, "mode": "gate"}, {"value": 4}]})
-    first, second = "par-ok:start-0", "par-ok:start-1"
+    first, second = "par-ok~start-0", "par-ok~start-1"
     await wait_status(store, second, "completed")  # its end woke the parent once more
     await wait_until(lambda: waiting_on(store, "par-ok", first), what="parent waits for child 0")
     await admit(store, "cmp-child", "unrelated", {"value": 1})
@@ -90,7 +90,7 @@ async def test_parent_wakes_when_its_child_completes_and_they_link_to_each_other
 async def test_parent_wakes_when_its_child_fails_with_the_childs_error(store, workers, pool):
     await workers.start(concurrency=4, poll_seconds=30)
     await admit(store, "cmp-parent", "par-fail", {"children": [{"value": 7, "mode": "gate-fail"}]})
-    child_id = "par-fail:start-0"
+    child_id = "par-fail~start-0"
     await wait_until(lambda: waiting_on(store, "par-fail", child_id),
                      what="parent waits for the child")
 
@@ -110,7 +110,7 @@ async def test_parent_wakes_when_its_child_fails_with_the_childs_error(store, wo
 async def test_parent_wakes_when_its_child_is_cancelled_on_its_own(store, workers, pool):
     await workers.start(concurrency=4)
     await admit(store, "cmp-parent", "par-cc", {"children": [{"mode": "sleep"}]})
-    child_id = "par-cc:start-0"
+    child_id = "par-cc~start-0"
     await wait_until(lambda: waiting_on(store, "par-cc", child_id), what="parent waits")
     await wait_status(store, child_id, "suspended")
 
@@ -277,7 +277,7 @@ async def test_a_stale_holder_racing_the_current_one_starts_exactly_one_child(
     for i in outcomes.rounds(RACE_ROUNDS):
         wf = f"cmp-race-parent-{i}"
         parent = await admit(store, wf, f"race-par-{i}")
-        child_id = f"{parent}:child"
+        child_id = f"{parent}~child"
         a = (await claim_one(store, wf, "holder-A")).lease
         await expire_lease(pool, parent)
         # Rounds alternate: B claims before the race; no delay on either
@@ -326,7 +326,7 @@ async def test_a_stale_start_child_and_a_new_claim_in_each_order(store: Executio
                                                                  order):
     """The race above, each interleaving forced by a StatementGate."""
     wf, parent = "cmp-race-parent-forced", "race-par-forced"
-    child_id = f"{parent}:child"
+    child_id = f"{parent}~child"
     await admit(store, wf, parent)
     a = (await claim_one(store, wf, "holder-A")).lease
     await expire_lease(pool, parent)
@@ -457,7 +457,7 @@ async def test_cancelling_a_parent_reaches_its_running_children(store, workers, 
     await workers.start(concurrency=4)
     await admit(store, "cmp-parent", "par-cancel",
                 {"children": [{"mode": "sleep"}, {"value": 2, "mode": "gate"}]})
-    sleeping, leased = "par-cancel:start-0", "par-cancel:start-1"
+    sleeping, leased = "par-cancel~start-0", "par-cancel~start-1"
     await wait_until(lambda: waiting_on(store, "par-cancel", sleeping),
                      what="parent waits for the sleeping child")
     await wait_status(store, sleeping, "suspended")
@@ -570,8 +570,8 @@ async def test_a_child_gets_its_workflows_default_deadline(store, workers, pool)
     await workers.start(concurrency=4)
     await admit(store, "cmp-parent", "par-deadline",
                 {"children": [{}], "child_workflow": "cmp-child-timeout"})
-    await wait_until(lambda: store.get("par-deadline:start-0"), what="child admitted")
-    child = await wait_status(store, "par-deadline:start-0", "suspended")
+    await wait_until(lambda: store.get("par-deadline~start-0"), what="child admitted")
+    child = await wait_status(store, "par-deadline~start-0", "suspended")
     assert child["deadline"] is not None
     seconds = (child["deadline"] - child["admitted_at"]).total_seconds()
     assert seconds == pytest.approx(600, abs=1)

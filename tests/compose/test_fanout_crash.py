@@ -106,14 +106,14 @@ async def run(h: ComposeHarness) -> None:
         "children": list(range(N)),
     }
     # Every child terminal, each started once.
-    child_ids = [f"{PARENT}:start-{i}" for i in range(N)]
+    child_ids = [f"{PARENT}~start-{i}" for i in range(N)]
     rows = await h.pool.fetch(
         "SELECT execution_id, status, parent_step_key FROM executions "
         "WHERE parent_execution_id = $1 ORDER BY execution_id", PARENT)
     assert len(rows) == N
     assert sorted(r["execution_id"] for r in rows) == sorted(child_ids)
     assert {r["status"] for r in rows} == {"completed"}
-    assert all(r["parent_step_key"] == r["execution_id"].rsplit(":", 1)[1] for r in rows)
+    assert all(r["parent_step_key"] == r["execution_id"].rsplit("~", 1)[1] for r in rows)
     assert await h.pool.fetchval("SELECT count(*) FROM executions") == N + 1
     events = await h.assert_recorded_once(
         PARENT, [f"{kind}-{i}" for kind in ("pace", "start", "wait") for i in range(N)])

@@ -90,6 +90,8 @@ def probes(s: Seeded) -> list[Probe]:
           kw={"json": {**refund, "params": {"order_id": "o", "amount_cents": 0}}}),
         P("POST", ex, 404, "WORKFLOW_NOT_FOUND", "trigger",
           kw={"json": {"workflowId": "no-such-flow"}}),
+        P("POST", ex, 422, "RESERVED_EXECUTION_ID", "trigger",
+          kw={"json": {**refund, "executionId": "parent~child"}}),
         P("POST", ex, 409, "EXECUTION_ID_CONFLICT", "trigger",
           kw={"json": {**refund, "executionId": "taken"}}),  # admitted in setup
         # Listing
@@ -134,6 +136,8 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", signal, 202, None, "operate", sig, {"json": {"any": ["json"]}}),
         P("POST", signal, 404, "EXECUTION_NOT_FOUND", "operate", {**ghost, "name": "go"}),
         P("POST", signal, 409, "EXECUTION_TERMINAL", "operate", {**done, "name": "go"}),
+        P("POST", signal, 429, "TOO_MANY_PENDING_SIGNALS", "operate",
+          {"execution_id": "full", "name": "go"}),  # 1000 pending, stored in setup
         P("POST", signal, 422, "INVALID_REQUEST", "operate", {**pending, "name": "not ok"}),
         *body_errors(signal, sig),
         P("POST", cancel, 202, None, "operate", {"execution_id": "to-cancel"}),
@@ -291,6 +295,13 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
         "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now())")
+    await pool.execute(
+        "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
+        "VALUES ('full', 'x', '{}', '{}', 'admitted', now())")
+    await pool.execute(
+        "INSERT INTO signals (execution_id, name, payload) "
+        "SELECT 'full', 'go', 'null' FROM generate_series(1, $1)",
+        Settings().max_pending_signals)
 
     produced: dict[tuple, set] = {}
     problems: list[str] = []

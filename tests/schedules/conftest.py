@@ -60,7 +60,7 @@ def executions_of(pool: asyncpg.Pool) -> Callable:
         rows = await pool.fetch(
             "SELECT execution_id FROM executions WHERE starts_with(execution_id, $1) "
             "ORDER BY execution_id",
-            schedule_id + ":",
+            schedule_id + "~",
         )
         return [r["execution_id"] for r in rows]
 

@@ -134,7 +134,7 @@ async def test_a_worker_upserts_code_schedules_on_start_and_fires_them(
             assert loop.time() < deadline, "the scheduled execution did not complete"
             await asyncio.sleep(0.05)
         context = row["outcome"]["result"]["context"]
-        assert row["execution_id"] == "sched-test-minutely:" + context["scheduledAt"][:16] + "Z"
+        assert row["execution_id"] == "sched-test-minutely~" + context["scheduledAt"][:16] + "Z"
         assert context["scheduleId"] == "sched-test-minutely"
         assert row["outcome"]["result"]["params"] == {}
     finally:

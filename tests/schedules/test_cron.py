@@ -194,7 +194,7 @@ def test_aware_datetimes_required():
 
 def test_slot_id():
     slot = datetime(2026, 3, 29, 3, 30, tzinfo=cron.zone("Europe/Warsaw"))
-    assert cron.slot_id("nightly", slot) == "nightly:2026-03-29T01:30Z"
+    assert cron.slot_id("nightly", slot) == "nightly~2026-03-29T01:30Z"
 
 
 def test_next_slot():
@@ -223,7 +223,7 @@ def test_daily_0230_across_spring_forward_fires_once_at_0130_utc():
     admit, _ = cron.slots(c, WARSAW, utc(2026, 3, 27, 12), utc(2026, 3, 30, 12), 100)
     assert admit == [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 30), utc(2026, 3, 30, 0, 30)]
     assert [cron.slot_id("n", s) for s in admit] == [
-        "n:2026-03-28T01:30Z", "n:2026-03-29T01:30Z", "n:2026-03-30T00:30Z"]
+        "n~2026-03-28T01:30Z", "n~2026-03-29T01:30Z", "n~2026-03-30T00:30Z"]
 
 
 def test_daily_0230_across_fall_back_fires_once_at_the_first_occurrence():

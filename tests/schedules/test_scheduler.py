@@ -195,7 +195,7 @@ async def test_catch_up_1_admits_only_the_newest_slot_and_records_the_skipped(
     skipped = [e for e in events if e["kind"] == "schedule_slots_skipped"]
     assert len(skipped) == 1 and skipped[0]["detail"]["skipped"] == 9
     assert skipped[0]["detail"]["catchUp"] == 1
-    assert skipped[0]["detail"]["firstAdmitted"] == every[-1].split(":", 1)[1][:-1] + ":00Z"
+    assert skipped[0]["detail"]["firstAdmitted"] == every[-1].split("~", 1)[1][:-1] + ":00Z"
     fired = [e for e in events if e["kind"] == "schedule_fired"]
     assert [e["detail"]["executionId"] for e in fired] == every[-1:]
     # Nothing more to do on the next pass, and no second skip event.
@@ -257,12 +257,12 @@ async def test_dst_through_the_scheduler(store, pool, make_schedule, set_last_sl
     scheduler = Scheduler(store, WORKFLOWS, catch_up_default=1000)
     await set_last_slot("nightly", "'2025-03-29T23:00Z'")  # 30 March 00:00 CET
     await scheduler.run_once(until=utc(2025, 3, 30, 22))  # 31 March 00:00 CEST
-    assert await executions_of("nightly") == ["nightly:2025-03-30T01:30Z"]
+    assert await executions_of("nightly") == ["nightly~2025-03-30T01:30Z"]
     await set_last_slot("nightly", "'2025-10-25T22:00Z'")  # 26 October 00:00 CEST
     await scheduler.run_once(until=utc(2025, 10, 26, 23))  # 27 October 00:00 CET
-    assert await executions_of("nightly") == ["nightly:2025-03-30T01:30Z",
-                                              "nightly:2025-10-26T00:30Z"]
-    record = await store.get("nightly:2025-03-30T01:30Z")
+    assert await executions_of("nightly") == ["nightly~2025-03-30T01:30Z",
+                                              "nightly~2025-10-26T00:30Z"]
+    record = await store.get("nightly~2025-03-30T01:30Z")
     assert record["workflow_id"] == "sched-test-plain" and record["params"] == {"day": None}
     assert record["context"] == {"scheduleId": "nightly", "scheduledAt": "2025-03-30T01:30:00Z"}
 
@@ -270,7 +270,7 @@ async def test_dst_through_the_scheduler(store, pool, make_schedule, set_last_sl
     await set_last_slot("hourly", "'2025-10-25T22:00Z'")
     await scheduler.run_once(until=utc(2025, 10, 26, 23))
     fired = await executions_of("hourly")
-    assert len(fired) == 24 and "hourly:2025-10-26T01:00Z" not in fired
+    assert len(fired) == 24 and "hourly~2025-10-26T01:00Z" not in fired
     assert await last_slot(pool, "hourly") == utc(2025, 10, 26, 23)
 
 
