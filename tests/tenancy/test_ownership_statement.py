@@ -82,6 +82,7 @@ async def test_a_body_held_back_past_the_timeout_is_408_and_nothing_is_done(
     for path, partial, length in (
         ("/v1/executions/slow-1/wakes", b'{"at": ', 40),   # part of the body, then nothing
         ("/v1/executions", b"", 60),                       # headers only
+        ("/v1/executions/slow-1/signals/go", b"[1, ", 30),  # the signal route reads alike
     ):
         reader, writer = await raw_connect(server.port)
         started = time.monotonic()
@@ -100,6 +101,7 @@ async def test_a_body_held_back_past_the_timeout_is_408_and_nothing_is_done(
         assert 0.4 <= waited < 5, waited
     assert await execution_state(pool, "slow-1") == before
     assert await pool.fetchval("SELECT count(*) FROM executions") == 1
+    assert await pool.fetchval("SELECT count(*) FROM signals") == 0
 
 
 async def test_a_body_sent_in_time_in_pieces_is_read_whole(make_server, tenancy_settings,
