@@ -235,6 +235,27 @@ class ScheduleStatements:
         )
         return [dict(r) for r in rows]
 
+    async def schedule_history(self, schedule_id: str, limit: int = 100) -> list[dict] | None:
+        """The newest `limit` events of a schedule, oldest first; None when
+        there is no such schedule (one statement: a schedule deleted while
+        the request runs is not answered with an empty history)."""
+        rows = await self.pool.fetch(
+            """
+            SELECT ev.event_id, ev.at, ev.kind, ev.detail
+            FROM (SELECT schedule_id FROM schedules WHERE schedule_id = $1) s
+            LEFT JOIN LATERAL (
+                SELECT * FROM (
+                    SELECT event_id, at, kind, detail FROM schedule_events
+                    WHERE schedule_id = s.schedule_id ORDER BY event_id DESC LIMIT $2
+                ) newest ORDER BY event_id
+            ) ev ON true
+            """,
+            schedule_id, limit,
+        )
+        if not rows:
+            return None
+        return [dict(r) for r in rows if r["event_id"] is not None]
+
     # ------------------------------------------------------------- evaluation
 
     async def due_schedules(self, workflow_ids: list[str]) -> list[dict]:

@@ -236,9 +236,10 @@ async def schedule_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ):
     _check_schedule_id(schedule_id)
-    if await store.get_schedule(schedule_id) is None:
+    # From schedule_events (never an execution's history), in one statement.
+    rows = await store.schedule_history(schedule_id, limit)
+    if rows is None:
         raise _not_found(schedule_id)
-    rows = await store.schedule_events(schedule_id, limit)
     return {"events": [{"eventId": r["event_id"], "at": r["at"], "kind": r["kind"],
                         "detail": r["detail"]} for r in rows]}
 
