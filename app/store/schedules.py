@@ -1,7 +1,7 @@
 """Schedules: definitions, pause/resume, and the per-schedule evaluation turn.
 
 A schedule's slots are admitted by `admit` under the execution ID
-`{schedule_id}:{slot in UTC}`; the unique execution ID is what makes a slot
+`{schedule_id}~{slot in UTC}`; the unique execution ID is what makes a slot
 fire once. On top of that, a worker evaluates a schedule only while holding
 its row lock (`FOR UPDATE SKIP LOCKED`), so evaluations of one schedule do
 not overlap: `last_slot` only moves forward and skip events are written once.

@@ -1,7 +1,8 @@
 """Schedules: create, list, read, pause, resume, delete.
 
 A schedule admits its workflow at every slot of a cron expression in a time
-zone, as the execution `{scheduleId}:{slot in UTC, YYYY-MM-DDTHH:MMZ}`.
+zone, as the execution `{scheduleId}~{slot in UTC, YYYY-MM-DDTHH:MMZ}` (`~`: an ID
+clients cannot admit, so nobody can take a slot first).
 Workers evaluate schedules; the API only records them.
 """
 
@@ -40,7 +41,7 @@ class ScheduleRequest(BaseModel):
     schedule_id: str = Field(
         pattern=SCHEDULE_ID_PATTERN,
         description="1 to 182 characters from A-Z a-z 0-9 . _ : - (each slot's execution ID "
-        "adds ':YYYY-MM-DDTHH:MMZ').",
+        "adds '~YYYY-MM-DDTHH:MMZ').",
     )
     workflow_id: str = Field(pattern=ID_PATTERN, description="The workflow each slot admits.")
     cron: str = Field(
@@ -131,7 +132,7 @@ def _check_schedule_id(schedule_id: str) -> None:
     "",
     status_code=201,
     response_model=ScheduleView,
-    summary="Create a schedule; each slot is admitted once, as {scheduleId}:{slot in UTC}",
+    summary="Create a schedule; each slot is admitted once, as {scheduleId}~{slot in UTC}",
     openapi_extra=_body_schema(ScheduleRequest),
     responses={
         **ERRORS,
