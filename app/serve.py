@@ -61,8 +61,10 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if settings.allowed_hosts is None and settings.auth == "disabled":
-        # DNS rebinding: without tokens, answer only the loopback names.
+    if not (settings.allowed_hosts or "").strip() and settings.auth == "disabled":
+        # DNS rebinding: without tokens, answer only the loopback names (unless
+        # FENCEPOST_ALLOWED_HOSTS lists others). create_app checks only a list
+        # it is given, so in-process clients of any name keep working.
         settings = settings.model_copy(update={"allowed_hosts": ",".join(LOOPBACK_HOSTS)})
     configure_logging(args.log_level, args.log_format)
     asyncio.run(_preflight(settings))

@@ -39,21 +39,12 @@ def _json_answer(status: int, code: str, message: str) -> tuple[bytes, list[tupl
 
 
 def parse_allowed_hosts(value: str | None) -> frozenset[str] | None:
-    """The names of FENCEPOST_ALLOWED_HOSTS (lower case, no port); None: any."""
-    if value is None:
+    """The names of FENCEPOST_ALLOWED_HOSTS (lower case, no port); None: any
+    (unset, blank, or *)."""
+    if value is None or not value.strip():
         return None
     names = {h.strip().lower() for h in value.split(",") if h.strip()}
     return None if "*" in names else frozenset(names)
-
-
-def effective_allowed_hosts(settings) -> frozenset[str] | None:
-    """What `fencepost api` checks: the setting when given; else the loopback
-    names with authentication disabled, any host with it enabled."""
-    if settings.allowed_hosts is not None:
-        return parse_allowed_hosts(settings.allowed_hosts)
-    if settings.auth == "disabled":
-        return frozenset(LOOPBACK_HOSTS)
-    return None
 
 
 def host_name(host: str) -> str:
