@@ -252,3 +252,34 @@ async def test_many_held_bodies_and_admissions_race_never_crossing_tenants(
     assert set(answers) == {(404, "EXECUTION_NOT_FOUND")}, answers
     assert await pool.fetchval(
         "SELECT count(*) FROM execution_events WHERE kind = 'wake_requested'") == 0
+
+
+async def _held_back(first: bytes):
+    yield first
+    await asyncio.sleep(2)  # the held-back rest: past the 0.2 s body timeout
+    yield b"}"
+
+
+@pytest.mark.parametrize("path,role", [
+    ("/v1/executions", "a"),
+    ("/v1/executions/held-1/wakes", "operate"),
+    ("/v1/executions/held-1/signals/go", "operate"),
+    ("/v1/executions/held-1/cancel", "operate"),
+    ("/v1/executions/held-1/steps/charge/resolve", "operate"),
+    ("/v1/executions/held-1/resume", "operate"),
+    ("/v1/schedules", "operate"),
+])
+async def test_every_body_route_answers_a_held_back_body_with_408(path, role, make_api,
+                                                                  tenancy_settings, tokens,
+                                                                  admit_as, pool):
+    api = await make_api(tenancy_settings.model_copy(update={"body_timeout_seconds": 0.2}))
+    await admit_as(api, tokens.a, "held-1")
+    before = await execution_state(pool, "held-1")
+    token = getattr(tokens, role)
+    started = time.monotonic()
+    r = await api.post(path, content=_held_back(b'{"x": 1'),
+                       headers={**token.headers, "content-type": "application/json"})
+    assert_error(r, 408, "REQUEST_TIMEOUT")
+    assert time.monotonic() - started < 1.5
+    assert await execution_state(pool, "held-1") == before
+    assert await pool.fetchval("SELECT count(*) FROM executions") == 1

@@ -56,7 +56,8 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         **ERRORS,
         404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
-        422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_PARAMS"},
+        422: {"model": ErrorBody,
+              "description": "INVALID_EXECUTION_EVENT / INVALID_PARAMS / RESERVED_EXECUTION_ID"},
         **RATE_LIMITED,
     },
 )
