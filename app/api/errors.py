@@ -60,8 +60,8 @@ DATABASE_ERROR_TYPES: tuple[type[BaseException], ...] = (
 )
 
 _HTTP_CODES = {
-    404: ("NOT_FOUND", "no such route; see /docs for the API"),
-    405: ("METHOD_NOT_ALLOWED", "this route does not accept that method; see /docs"),
+    404: ("NOT_FOUND", "no such route; the API is described at /openapi.json"),
+    405: ("METHOD_NOT_ALLOWED", "this route does not accept that method; see /openapi.json"),
 }
 
 

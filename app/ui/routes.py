@@ -276,7 +276,8 @@ async def _form(request: Request) -> dict[str, str]:
     if content_type != "application/x-www-form-urlencoded":
         raise UIError(415, "UNSUPPORTED_MEDIA_TYPE",
                       "send the form as application/x-www-form-urlencoded")
-    raw = await read_body(request, request.app.state.settings.max_payload_bytes)
+    settings = request.app.state.settings
+    raw = await read_body(request, settings.max_payload_bytes, settings.body_timeout_seconds)
     try:
         fields = parse_qs(raw.decode("ascii"), keep_blank_values=True, max_num_fields=50,
                           strict_parsing=False, errors="strict")

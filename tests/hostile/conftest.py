@@ -102,6 +102,12 @@ async def make_tokens(pool: asyncpg.Pool, settings: Settings) -> dict[str, str]:
         await store.create_token(token_id, name=f"hostile-{role}", role=role,
                                  secret_sha256=digest)
         tokens[role] = token
+    # A trigger token with quotas of one a minute: its second admission and
+    # second signal are 429 RATE_LIMITED.
+    token_id, token, digest = new_token()
+    await store.create_token(token_id, name="hostile-limited", role="trigger",
+                             secret_sha256=digest, admissions_per_minute=1, signals_per_minute=1)
+    tokens["limited"] = token
     return tokens
 
 

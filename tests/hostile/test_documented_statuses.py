@@ -11,6 +11,7 @@ the app's statement timeout (0.3 s here) cancels what waits on it.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from tests.hostile.conftest import Seeded, hostile_settings, make_tokens, seed
 from tests.http.helpers import assert_error
 
 STATEMENT_TIMEOUT = 0.3
+BODY_TIMEOUT = 0.2
 BOUND_SECONDS = 5.0
 WORKFLOWS = load_workflows(["tests.hostile.flows"])
 
@@ -65,6 +67,18 @@ TEXT = {"content": b"{}", "headers": {"content-type": "text/plain"}}
 NAN = {"content": b'{"at": NaN, "by": NaN}', "headers": JSON}
 
 
+async def _held_back_body():
+    yield b'{"at": '
+    await asyncio.sleep(BODY_TIMEOUT * 5)  # the rest comes after the body timeout
+    yield b"null}"
+
+
+def held() -> dict:
+    """A body whose second half is held back past FENCEPOST_BODY_TIMEOUT_SECONDS
+    (a fresh one per probe: a stream is read once)."""
+    return {"content": _held_back_body(), "headers": JSON}
+
+
 def probes(s: Seeded) -> list[Probe]:
     P = Probe
     ex, one = "/v1/executions", "/v1/executions/{execution_id}"
@@ -83,6 +97,7 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", ex, 403, "FORBIDDEN", "read", kw={"json": refund}),
         P("POST", ex, 400, "MALFORMED_JSON", "trigger", kw=MALFORMED),
         P("POST", ex, 413, "PAYLOAD_TOO_LARGE", "trigger", kw=TOO_LARGE),
+        P("POST", ex, 408, "REQUEST_TIMEOUT", "trigger", kw=held()),
         P("POST", ex, 415, "UNSUPPORTED_MEDIA_TYPE", "trigger", kw=TEXT),
         P("POST", ex, 422, "INVALID_EXECUTION_EVENT", "trigger",
           kw={"json": {"workflowId": "not a valid id"}}),
@@ -94,6 +109,11 @@ def probes(s: Seeded) -> list[Probe]:
           kw={"json": {**refund, "executionId": "parent~child"}}),
         P("POST", ex, 409, "EXECUTION_ID_CONFLICT", "trigger",
           kw={"json": {**refund, "executionId": "taken"}}),  # admitted in setup
+        # Quotas: one admission and one signal a minute for this token.
+        P("POST", ex, 201, None, "limited", kw={"json": refund}),
+        P("POST", ex, 429, "RATE_LIMITED", "limited", kw={"json": refund}),
+        P("POST", signal, 404, "EXECUTION_NOT_FOUND", "limited", {**ghost, "name": "go"}),
+        P("POST", signal, 429, "RATE_LIMITED", "limited", {**ghost, "name": "go"}),
         # Listing
         P("GET", ex, 200, None, "read"),
         P("GET", ex, 401, "UNAUTHENTICATED", None),
@@ -105,7 +125,7 @@ def probes(s: Seeded) -> list[Probe]:
         P("GET", one, 404, "EXECUTION_NOT_FOUND", "read", ghost),
     ]
     for tail, bad_query in (("/events", {"after": -1}), ("/steps", {"includeValues": "maybe"}),
-                            ("/late-observations", None)):
+                            ("/late-observations", {"after": -1})):
         history = {"execution_id": s.with_history}
         out += [
             P("GET", one + tail, 200, None, "read", history),
@@ -115,6 +135,8 @@ def probes(s: Seeded) -> list[Probe]:
         if bad_query:
             out.append(P("GET", one + tail, 422, "INVALID_REQUEST", "read", history,
                          kw={"params": bad_query}))
+    out.append(P("GET", one + "/steps", 422, "INVALID_CURSOR", "read",
+                 {"execution_id": s.with_history}, kw={"params": {"cursor": "bm90IGEgY3Vyc29y"}}))
 
     def body_errors(path: str, ids: dict, role: str = "operate") -> list[Probe]:
         return [
@@ -122,6 +144,7 @@ def probes(s: Seeded) -> list[Probe]:
             P("POST", path, 403, "FORBIDDEN", "read", ids),
             P("POST", path, 400, "MALFORMED_JSON", role, ids, MALFORMED),
             P("POST", path, 413, "PAYLOAD_TOO_LARGE", role, ids, TOO_LARGE),
+            P("POST", path, 408, "REQUEST_TIMEOUT", role, ids, held()),
             P("POST", path, 415, "UNSUPPORTED_MEDIA_TYPE", role, ids, TEXT),
             P("POST", path, 422, "INVALID_EXECUTION_EVENT", role, ids, NAN),
         ]
@@ -187,6 +210,7 @@ def schedule_probes() -> list[Probe]:
         P("POST", sch, 403, "FORBIDDEN", "read", kw={"json": SCHEDULE}),
         P("POST", sch, 400, "MALFORMED_JSON", "operate", kw=MALFORMED),
         P("POST", sch, 413, "PAYLOAD_TOO_LARGE", "operate", kw=TOO_LARGE),
+        P("POST", sch, 408, "REQUEST_TIMEOUT", "operate", kw=held()),
         P("POST", sch, 415, "UNSUPPORTED_MEDIA_TYPE", "operate", kw=TEXT),
         P("POST", sch, 422, "INVALID_SCHEDULE", "operate",
           kw={"json": {**SCHEDULE, "scheduleId": "other", "cron": "61 * * * *"}}),
@@ -237,7 +261,8 @@ class Crafted:
 
 @pytest_asyncio.fixture
 async def crafted(pool: asyncpg.Pool, settings: Settings) -> AsyncIterator[Crafted]:
-    s = hostile_settings(settings, statement_timeout_seconds=STATEMENT_TIMEOUT)
+    s = hostile_settings(settings, statement_timeout_seconds=STATEMENT_TIMEOUT,
+                         body_timeout_seconds=BODY_TIMEOUT)
     seeded = await seed(pool, s)
     tokens = await make_tokens(pool, s)
     app = create_app(s, workflows=WORKFLOWS)
@@ -327,7 +352,9 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
 
     # Every operation that reads the database, with every table locked: 503
     # within the statement timeout (plus scheduling), never a hang or a 500.
-    successes = [p for p in all_probes if p.status < 300 and p.path != "/healthz"]
+    # (Not the quota token's: it is over its quota by now, refused before any query.)
+    successes = [p for p in all_probes
+                 if p.status < 300 and p.path != "/healthz" and p.role != "limited"]
     tables = [r["tablename"] for r in await pool.fetch(
         "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
     async with pool.acquire() as conn, conn.transaction():

@@ -153,7 +153,7 @@ async def test_events_and_late_observations(
     await store.write_step(b.lease, "one", value=1, function_name="f")
     await store.acknowledge(b.lease, "completed", result={"one": 1})
     assert (await api.get(f"/v1/executions/{eid}/late-observations")).json() == {
-        "lateObservations": []}
+        "lateObservations": [], "nextAfter": None}
     await store.record_late_observation(a.lease, "one", value={"late": True})
 
     events = (await api.get(f"/v1/executions/{eid}/events")).json()

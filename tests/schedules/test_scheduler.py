@@ -116,7 +116,7 @@ async def test_three_workers_admit_each_slot_once(settings, pool, make_schedule,
     assert conflicts > 0  # re-evaluated slots were refused by the unique execution ID
     # One schedule_fired event per admitted slot, whoever admitted it.
     fired = await pool.fetchval(
-        "SELECT count(*) FROM execution_events WHERE kind = 'schedule_fired'")
+        "SELECT count(*) FROM schedule_events WHERE kind = 'schedule_fired'")
     assert fired == len(admitted)
 
 
@@ -310,8 +310,8 @@ async def test_schedule_events_are_pruned_after_retention(store, pool, make_sche
     scheduler = Scheduler(store, WORKFLOWS, retention_seconds=3600)
     await scheduler.run_once()
     assert len(await store.schedule_events("s")) == 4  # created, 2 fired, 1 skipped
-    await pool.execute("UPDATE execution_events SET at = at - interval '2 hours' "
-                       "WHERE execution_id = 'schedule:s' AND kind = 'schedule_fired'")
+    await pool.execute("UPDATE schedule_events SET at = at - interval '2 hours' "
+                       "WHERE schedule_id = 's' AND kind = 'schedule_fired'")
     assert await scheduler.prune_events() == 2
     assert [e["kind"] for e in await store.schedule_events("s")] == [
         "schedule_created", "schedule_slots_skipped"]

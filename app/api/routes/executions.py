@@ -28,6 +28,7 @@ from app.api.deps import SettingsDep, StoreDep, live_workflows
 from app.api.errors import ApiError, not_found
 from app.api.ids import check_client_execution_id
 from app.api.models import (
+    EXECUTION_ID_PATTERN,
     ID_PATTERN,
     Admission,
     AdmitRequest,
@@ -148,7 +149,7 @@ async def list_executions(
         int | None, Query(alias="minUnacknowledgedDeliveries", ge=0, le=2**31 - 1)
     ] = None,
     parent_execution_id: Annotated[
-        str | None, Query(alias="parentExecutionId", pattern=ID_PATTERN)
+        str | None, Query(alias="parentExecutionId", pattern=EXECUTION_ID_PATTERN)
     ] = None,
     admitted_after: Annotated[datetime | None, Query(
         alias="admittedAfter", description="only executions admitted at or after this time "

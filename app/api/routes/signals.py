@@ -68,7 +68,9 @@ def denied_workflows(request: Request, name: str, principal: Principal) -> list[
         404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"},
         429: {"model": ErrorBody,
-              "description": "TOO_MANY_PENDING_SIGNALS / RATE_LIMITED (Retry-After)"},
+              "description": "TOO_MANY_PENDING_SIGNALS / RATE_LIMITED: too many signals wait "
+                             "unconsumed, or the token's quota is used up; retry after "
+                             "Retry-After seconds"},
     },
 )
 async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
