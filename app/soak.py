@@ -262,7 +262,7 @@ async def _wait_ready(procs: Processes, conn: asyncpg.Connection, timeout: float
 async def _http_get(port: int, path: str) -> int:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
         status = await reader.readline()
         return int(status.split()[1])
     finally:
@@ -292,7 +292,7 @@ class _Connection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         self.writer.write(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: soak\r\n"
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body
         )
