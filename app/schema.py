@@ -359,3 +359,35 @@ schedule_events = Table(
     Column("detail", JSONB, nullable=True),
 )
 Index("ix_schedule_events_schedule_id", schedule_events.c.schedule_id, schedule_events.c.event_id)
+
+# Failed attempts of a step (and `Retry` reasons of deliveries: step_key NULL),
+# newest kept: the statement that appends one trims the step's history to the
+# last ATTEMPT_HISTORY rows, so a step retried forever holds a bounded trail.
+attempt_history = Table(
+    "attempt_history",
+    metadata,
+    Column("attempt_id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("step_key", Text, nullable=True),
+    Column("attempt", Integer, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("error", JSONB, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+Index("ix_attempt_history_execution_id", attempt_history.c.execution_id, attempt_history.c.step_key,
+      attempt_history.c.attempt_id)
+
+# Settings every process must agree on (poison threshold, lease, redelivery):
+# written once, read (or checked) by every process at start.
+shared_settings = Table(
+    "shared_settings",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
