@@ -26,7 +26,7 @@ from typing import Any
 
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
-from app.registry import SYSTEM_ID_SEPARATOR, WorkflowDefinition, workflow
+from app.registry import ID_RE, SYSTEM_ID_SEPARATOR, WorkflowDefinition, workflow
 from app.store import (
     Delivery,
     ExecutionStore,
@@ -303,6 +303,9 @@ class WorkflowContext:
         self.lease_lost = False
         self._max_payload_bytes = max_payload_bytes
         self._step_timeout = definition.step_timeout
+        # Keyless waits for each signal name in this run, in code order: the
+        # n-th gets the key `signal:{name}#n` (the first `signal:{name}`).
+        self._signal_waits: dict[str, int] = {}
 
     def notice(self, interrupt: str | None) -> None:
         """Record an interrupt (from a fenced write's answer or a renewal)."""
@@ -353,6 +356,7 @@ class WorkflowContext:
                 raise
             except Exception as exc:
                 METRICS.step_seconds.observe(time.perf_counter() - started)
+                await self._record_attempt(key, attempt, exc)
                 if policy.retries(exc, attempt):
                     if await self._retry_fits(key, policy.delay(attempt)):
                         continue
@@ -397,7 +401,8 @@ class WorkflowContext:
 
     async def effect(self, key: str, fn: Callable, *args: Any, idempotency_key: str | None = None,
                      idempotent: bool = False, reconcile: Callable | None = None,
-                     transport_errors_unknown: bool = True, **kwargs: Any) -> Any:
+                     transport_errors_unknown: bool = True, retry: RetryPolicy | None = None,
+                     **kwargs: Any) -> Any:
         """Call something outside the database whose outcome must not be
         guessed. The attempt and its request identity (`idempotency_key`,
         default "{execution_id}:{key}") are persisted before `fn` is called as
@@ -410,7 +415,9 @@ class WorkflowContext:
         A transport error (OSError, ConnectionError, TimeoutError) raised by
         `fn` is an unknown outcome too — the request may have reached the
         remote side — unless `transport_errors_unknown=False`; any other
-        exception is the remote side's known answer (a failed step)."""
+        exception is the remote side's known answer (a failed step); with
+        `retry=RetryPolicy(...)` such a known failure is retried by the policy
+        with the same idempotency key before the step fails."""
         self._gate()
         name = _function_name(fn)
         recorded = self._take(key, name)
@@ -437,25 +444,40 @@ class WorkflowContext:
                 raise Park(key)
             await self._fenced(self._store.retry_effect(self._lease, key), key)
             attempts += 1
-        call = asyncio.ensure_future(_call(fn, args, {**kwargs, "idempotency_key": ikey}))
-        try:
-            # Shielded: if the delivery is stopped mid-call, what the remote
-            # side answers is still kept (see _effect_answer_after_stop).
-            value = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            await self._effect_answer_after_stop(key, name, attempts, call,
-                                                 transport_errors_unknown)
-            raise
-        except Retry:
-            raise
-        except Exception as exc:
-            if _outcome_unknown(exc, transport_errors_unknown):
-                if idempotent or reconcile is not None:
-                    raise Retry(f"effect {key!r}: outcome unknown; the next delivery settles it") from None
-                raise Park(key) from None
-            # The remote side answered with an error: a known outcome.
-            return self._settled(await self._record(key, name, attempts, error=error_of(exc)))
-        return self._settled(await self._record_value(key, name, attempts, value))
+        policy = retry or NO_RETRY
+        tries = 0
+        while True:
+            tries += 1
+            call = asyncio.ensure_future(_call(fn, args, {**kwargs, "idempotency_key": ikey}))
+            try:
+                # Shielded: if the delivery is stopped mid-call, what the remote
+                # side answers is still kept (see _effect_answer_after_stop).
+                value = await asyncio.shield(call)
+            except asyncio.CancelledError:
+                await self._effect_answer_after_stop(key, name, attempts, call,
+                                                     transport_errors_unknown)
+                raise
+            except Retry:
+                raise
+            except Exception as exc:
+                if _outcome_unknown(exc, transport_errors_unknown):
+                    if idempotent or reconcile is not None:
+                        raise Retry(f"effect {key!r}: outcome unknown; the next delivery "
+                                    "settles it") from None
+                    raise Park(key) from None
+                # The remote side answered with an error: a known outcome,
+                # retried with the same key while the policy says so.
+                await self._record_attempt(key, attempts, exc)
+                if policy.retries(exc, tries):
+                    if await self._retry_fits(key, policy.delay(tries)):
+                        await self._fenced(self._store.retry_effect(self._lease, key), key)
+                        attempts += 1
+                        continue
+                    await self._record(key, name, attempts, error=error_of(exc))
+                    self._retry_past_deadline(key)
+                return self._settled(await self._record(key, name, attempts,
+                                                        error=error_of(exc)))
+            return self._settled(await self._record_value(key, name, attempts, value))
 
     async def transaction(self, key: str, fn: Callable, *args: Any,
                           retry: RetryPolicy | None = None) -> Any:
@@ -494,6 +516,7 @@ class WorkflowContext:
                 if is_database_failure(exc) and not is_retryable_conflict(exc):
                     self.stop(f"database unavailable at step {key!r}: {exc}")
                     raise DeliveryStopped(self.stopped) from exc
+                await self._record_attempt(key, attempt, exc)
                 if policy.retries(exc, attempt - conflicts):
                     if await self._retry_fits(key, policy.delay(attempt - conflicts)):
                         continue
@@ -599,10 +622,13 @@ class WorkflowContext:
         it, a SignalSender, or None for a signal stored before senders were
         recorded); the step records both, so replays return the same."""
         self._gate()
-        key = key or f"signal:{name}"
+        generated = key is None
+        if generated:
+            n = self._signal_waits[name] = self._signal_waits.get(name, 0) + 1
+            key = f"signal:{name}" if n == 1 else f"signal:{name}#{n}"
         fname = signal_function_name(name, with_sender)
         timer_key = f"{key}:timeout"
-        recorded = self._take(key, fname)
+        recorded = self._take(key, fname, generated=generated)
         if recorded is None:
             recorded = await self._fenced(
                 self._store.consume_signal(self._lease, key, name, with_sender=with_sender), key)
@@ -616,7 +642,7 @@ class WorkflowContext:
         wake_at = None
         if timeout is not None:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            wake_at = await self._timer_due_at(timer_key, delay=seconds)
+            wake_at = await self._timer_due_at(timer_key, delay=seconds, generated=generated)
             if wake_at is None:  # the timeout has passed
                 error = {"name": "SignalTimeout", "message": f"no signal {name!r} arrived in time"}
                 return self._replay_signal(await self._record(key, fname, 1, error=error), name,
@@ -626,10 +652,16 @@ class WorkflowContext:
 
     # -------------------------------------------------------------- internals
 
-    def _take(self, key: str, function_name: str) -> StepRecord | None:
-        """Claim `key` for this run and return its record, if any."""
+    def _take(self, key: str, function_name: str, *, generated: bool = False) -> StepRecord | None:
+        """Claim `key` for this run and return its record, if any. An author's
+        key uses the alphabet of IDs, so it can be named in a URL (resolve)
+        and never equals a key fencepost generates (those contain `#`)."""
         if not isinstance(key, str) or not key:
             raise ReplayError("a step key must be a non-empty string")
+        if not generated and not ID_RE.match(key):
+            raise ValueError(
+                f"step key {key!r}: use 1-200 characters from A-Z a-z 0-9 . _ : - "
+                "(the alphabet of IDs, so the step can be named in a URL)")
         if key in self._used:
             raise ReplayError(
                 f"step key {key!r} is used twice in one run; give each step its own stable key"
@@ -688,6 +720,14 @@ class WorkflowContext:
         self.notice(record.interrupt)
         self._gate()
         return self._replay(record)
+
+    async def _record_attempt(self, key: str, attempt: int, exc: BaseException) -> None:
+        """Keep a failed attempt in the step's history (fenced)."""
+        try:
+            await self._fenced(self._store.record_attempt(self._lease, key, attempt,
+                                                          error_of(exc)), key)
+        except InvalidEvent:
+            pass  # an error text Postgres cannot store: the step's own record says enough
 
     def _value_problem(self, value: Any) -> str | None:
         problem = value_problem(value, self._max_payload_bytes)
@@ -783,11 +823,12 @@ class WorkflowContext:
             raise Suspend(f"sleeping until {wake_at.isoformat()}")
 
     async def _timer_due_at(self, key: str, *, delay: float | None = None,
-                            until: datetime | None = None) -> datetime | None:
+                            until: datetime | None = None,
+                            generated: bool = False) -> datetime | None:
         """Record (or read) timer `key`; None when it is due, else its wake time,
         for which a wake has been requested. Due-ness is judged on the
         database clock only."""
-        recorded = self._take(key, "sleep")
+        recorded = self._take(key, "sleep", generated=generated)
         if recorded is not None:
             wake_at = datetime.fromisoformat(recorded.value)
             if wake_at <= self._delivery.claimed_at:

@@ -471,7 +471,7 @@ class Worker:
         METRICS.deliveries.labels(kind).inc()
         try:
             if kind == "retry":
-                await self.store.release(lease)
+                await self.store.release(lease, reason=error)
                 METRICS.unacknowledged_deliveries.inc()
                 return
             if kind == "park":

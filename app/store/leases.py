@@ -9,6 +9,7 @@ import asyncpg
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
+from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
     NOTIFY_CHANNEL,
     Acknowledged,
@@ -226,11 +227,13 @@ class LeaseStatements:
                 lost.append(lease)
         return renewed, lost, interrupts
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, *, reason: dict | None = None) -> None:
         """End the lease without an outcome: an unacknowledged delivery. The
         covered wakes stay pending and the redelivery delay starts now; a
         pending cancel, a deadline the redelivery would pass, or the poison
-        threshold end it instead, in the same transaction."""
+        threshold end it instead, in the same transaction. `reason` ({name,
+        message}, e.g. the workflow's `Retry("why")`) is kept on the
+        `released` event and in the attempt history (the last 20 kept)."""
         async def end(conn: asyncpg.Connection) -> None:
             row = await conn.fetchrow(
                 """
@@ -251,9 +254,23 @@ class LeaseStatements:
                 ), ev AS (
                     INSERT INTO execution_events (execution_id, kind, token, detail)
                     SELECT execution_id, 'released', token,
-                           jsonb_build_object('unacknowledgedDeliveries', unacknowledged_deliveries,
-                                              'redeliverAfter', redeliver_after)
+                           jsonb_strip_nulls(jsonb_build_object(
+                               'unacknowledgedDeliveries', unacknowledged_deliveries,
+                               'redeliverAfter', redeliver_after,
+                               'reason', $5::jsonb ->> 'message'))
                     FROM r
+                ), why AS (
+                    INSERT INTO attempt_history (execution_id, step_key, attempt, token, error)
+                    SELECT execution_id, NULL, unacknowledged_deliveries, token, $5::jsonb
+                    FROM r WHERE $5::jsonb IS NOT NULL
+                    RETURNING attempt_id
+                ), trim AS (
+                    DELETE FROM attempt_history
+                    WHERE execution_id = $1 AND step_key IS NULL AND EXISTS (SELECT 1 FROM why)
+                      AND attempt_id <= (
+                          SELECT attempt_id FROM attempt_history
+                          WHERE execution_id = $1 AND step_key IS NULL
+                          ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
                 )
                 SELECT * FROM r
                 """,
@@ -261,6 +278,8 @@ class LeaseStatements:
                 lease.token,
                 self.redelivery_base,
                 self.redelivery_cap,
+                reason,
+                ATTEMPT_HISTORY,
             )
             if row is None:
                 raise LeaseLost(lease.execution_id, lease.token)

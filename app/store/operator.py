@@ -13,7 +13,7 @@ from app.store.compose import WAKE_PARENTS
 from app.store.types import _TERMINAL_SQL, NOTIFY_CHANNEL, InvalidEvent
 
 CancelAnswer = Literal["cancelled", "requested", "terminal", "not_found"]
-ResolveAnswer = Literal["resolved", "not_found", "not_outcome_unknown"]
+ResolveAnswer = Literal["resolved", "not_found", "step_not_found", "not_outcome_unknown"]
 ResumeAnswer = Literal["resumed", "not_found", "not_parked"]
 
 
@@ -149,9 +149,14 @@ class OperatorStatements:
                     RETURNING x.execution_id, x.token, x.status
                 ), ev AS (
                     INSERT INTO execution_events (execution_id, kind, token, detail)
+                    -- The decided value is part of the decision's record: an explicit
+                    -- null result stays a key with null, retry records neither.
                     SELECT execution_id, 'resolved', token,
                            jsonb_build_object('stepKey', $2::text, 'action', $3::text,
                                               'by', $6::text)
+                           || CASE $3 WHEN 'succeed' THEN jsonb_build_object('result', $4::jsonb)
+                                      WHEN 'fail' THEN jsonb_build_object('error', $5::jsonb)
+                                      ELSE '{{}}'::jsonb END
                     FROM e
                 )
                 SELECT status, pg_notify('{NOTIFY_CHANNEL}', '') FROM e
@@ -167,10 +172,31 @@ class OperatorStatements:
             raise InvalidEvent(str(exc)) from exc
         if row is not None:
             return "resolved", row["status"]
-        status = await self.pool.fetchval(
-            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+        return await self._why_not_resolved(execution_id, step_key)
+
+    async def _why_not_resolved(self, execution_id: str, step_key: str
+                                ) -> tuple[ResolveAnswer, str | None]:
+        """Why a resolution changed nothing: no such execution, a step key the
+        execution never recorded nor called out for (404), or a step that is
+        not waiting for a decision (409). Read-only; the decision already
+        failed atomically, so this only chooses the answer."""
+        row = await self.pool.fetchrow(
+            """
+            SELECT e.status,
+                   EXISTS (SELECT 1 FROM execution_steps s
+                           WHERE s.execution_id = e.execution_id AND s.step_key = $2)
+                   OR EXISTS (SELECT 1 FROM effects f
+                              WHERE f.execution_id = e.execution_id AND f.step_key = $2)
+                   OR e.parked_step = $2 AS known
+            FROM executions e WHERE e.execution_id = $1
+            """,
+            execution_id, step_key,
         )
-        return ("not_found", None) if status is None else ("not_outcome_unknown", status)
+        if row is None:
+            return "not_found", None
+        if not row["known"]:
+            return "step_not_found", row["status"]
+        return "not_outcome_unknown", row["status"]
 
     async def resume(self, execution_id: str, by: str) -> tuple[ResumeAnswer, str | None]:
         """Make a poison-parked execution due again; its counter is kept, so
@@ -209,11 +235,13 @@ class OperatorStatements:
         rows = await self.pool.fetch(
             """
             SELECT s.step_key, s.status, s.attempts, s.token, s.function_name,
-                   s.recorded_at, NULL::timestamptz AS started_at, NULL::text AS idempotency_key,
+                   s.recorded_at, f0.started_at, f0.idempotency_key,
                    CASE WHEN $2 THEN s.value END AS value,
                    CASE WHEN $2 THEN s.error END AS error,
                    pg_column_size(s.value) AS value_bytes, s.error ->> 'name' AS error_name
-            FROM execution_steps s WHERE s.execution_id = $1
+            FROM execution_steps s
+            LEFT JOIN effects f0 ON f0.execution_id = s.execution_id AND f0.step_key = s.step_key
+            WHERE s.execution_id = $1
             UNION ALL
             SELECT f.step_key, f.status, f.attempts, f.token, f.function_name,
                    NULL, f.started_at, f.idempotency_key, NULL, NULL, NULL, NULL
@@ -277,19 +305,23 @@ class OperatorStatements:
         group, at, key = after if after is not None else (None, None, None)
         rows = await self.pool.fetch(
             """
-            SELECT x.* FROM (SELECT execution_id FROM executions
+            SELECT x.*, a.failed_attempts FROM (SELECT execution_id FROM executions
                              WHERE execution_id = $1
                                AND ($7::text IS NULL OR admitted_by = $7)) e
             LEFT JOIN LATERAL (
                 SELECT * FROM (
+                    -- A recorded effect keeps its request identity and start.
                     SELECT 0 AS grp, s.recorded_at AS sort_at, s.step_key, s.status,
                            s.attempts, s.token, s.function_name, s.recorded_at,
-                           NULL::timestamptz AS started_at, NULL::text AS idempotency_key,
+                           f0.started_at, f0.idempotency_key,
                            CASE WHEN $2 THEN s.value END AS value,
                            CASE WHEN $2 THEN s.error END AS error,
                            pg_column_size(s.value) AS value_bytes,
                            s.error ->> 'name' AS error_name
-                    FROM execution_steps s WHERE s.execution_id = e.execution_id
+                    FROM execution_steps s
+                    LEFT JOIN effects f0
+                           ON f0.execution_id = s.execution_id AND f0.step_key = s.step_key
+                    WHERE s.execution_id = e.execution_id
                     UNION ALL
                     SELECT 1, f.started_at, f.step_key, f.status, f.attempts, f.token,
                            f.function_name, NULL, f.started_at, f.idempotency_key, NULL, NULL,
@@ -305,6 +337,15 @@ class OperatorStatements:
                 ORDER BY u.grp, u.sort_at, u.step_key
                 LIMIT $3
             ) x ON true
+            -- The step's failed attempts (the last 20 kept), oldest first.
+            LEFT JOIN LATERAL (
+                SELECT jsonb_agg(jsonb_build_object(
+                           'attempt', h.attempt, 'at', h.at, 'name', h.error ->> 'name',
+                           'message', h.error ->> 'message') ORDER BY h.attempt_id)
+                       AS failed_attempts
+                FROM attempt_history h
+                WHERE h.execution_id = $1 AND h.step_key = x.step_key
+            ) a ON true
             """,
             execution_id, include_values, limit, group, at, key, owner,
         )

@@ -58,8 +58,18 @@ WITH target AS (
     INSERT INTO execution_events (execution_id, kind, token, detail)
     SELECT execution_id, status, token,
            CASE WHEN status = 'parked'
+                -- The last reasons the history holds (Retry reasons, failed
+                -- attempts), newest first: what the operator reads first.
                 THEN jsonb_build_object('reason', 'poison',
-                                        'unacknowledgedDeliveries', unacknowledged_deliveries)
+                                        'unacknowledgedDeliveries', unacknowledged_deliveries,
+                                        'lastReasons', coalesce((
+                    SELECT jsonb_agg(jsonb_build_object(
+                               'stepKey', h.step_key, 'name', h.error->>'name',
+                               'message', h.error->>'message', 'at', h.at)
+                           ORDER BY h.attempt_id DESC)
+                    FROM (SELECT * FROM attempt_history a
+                          WHERE a.execution_id = s.execution_id
+                          ORDER BY a.attempt_id DESC LIMIT 5) h), '[]'::jsonb))
            END
     FROM s
 )

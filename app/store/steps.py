@@ -66,6 +66,10 @@ SELECT conflict FROM obs
 """
 
 
+# Failed attempts kept per step (and Retry reasons per execution).
+ATTEMPT_HISTORY = 20
+
+
 class StepStatements:
     pool: asyncpg.Pool
     redelivery_base: float
@@ -249,6 +253,62 @@ class StepStatements:
             )
             return datetime.fromisoformat(existing), row["db_now"], row["interrupt"]
         return datetime.fromisoformat(row["value"]), row["db_now"], row["interrupt"]
+
+    async def record_attempt(self, lease: Lease, step_key: str, attempt: int,
+                             error: dict) -> None:
+        """Keep one failed attempt of a step (fenced, like the step write),
+        with an `attempt_failed` event; the step's history is trimmed to its
+        last ATTEMPT_HISTORY attempts in the same statement."""
+        try:
+            row = await self.pool.fetchrow(
+                """
+                WITH fence AS (
+                    SELECT execution_id FROM executions
+                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    FOR SHARE
+                ), ins AS (
+                    INSERT INTO attempt_history (execution_id, step_key, attempt, token, error)
+                    SELECT execution_id, $3, $4, $2, $5 FROM fence
+                    RETURNING attempt_id
+                ), trim AS (
+                    DELETE FROM attempt_history
+                    WHERE execution_id = $1 AND step_key = $3 AND EXISTS (SELECT 1 FROM ins)
+                      AND attempt_id <= (
+                          SELECT attempt_id FROM attempt_history
+                          WHERE execution_id = $1 AND step_key = $3
+                          ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
+                ), ev AS (
+                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    SELECT $1, 'attempt_failed', $2,
+                           jsonb_build_object('stepKey', $3::text, 'attempt', $4::int,
+                                              'error', $5::jsonb)
+                    FROM ins
+                )
+                SELECT (SELECT count(*) FROM fence) AS fenced
+                """,
+                lease.execution_id,
+                lease.token,
+                step_key,
+                attempt,
+                error,
+                ATTEMPT_HISTORY,
+            )
+        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+        if not row["fenced"]:
+            await self._fenced_write_rejected(lease, step_key)
+            raise LeaseLost(lease.execution_id, lease.token)
+
+    async def attempt_history(self, execution_id: str) -> list[dict]:
+        """Failed attempts (step_key set) and `Retry` reasons (step_key NULL), oldest first."""
+        rows = await self.pool.fetch(
+            """
+            SELECT step_key, attempt, token, error, at FROM attempt_history
+            WHERE execution_id = $1 ORDER BY attempt_id
+            """,
+            execution_id,
+        )
+        return [dict(r) for r in rows]
 
     async def db_now(self) -> datetime:
         return await self.pool.fetchval("SELECT now()")

@@ -128,6 +128,9 @@ async def steps(
             "token": r["token"], "function": r["function_name"], "recordedAt": r["recorded_at"],
             "startedAt": r["started_at"], "idempotencyKey": r["idempotency_key"],
             "valueBytes": r["value_bytes"], "errorName": r["error_name"],
+            # Failed attempts (the last 20): name, message and time; a
+            # trigger token sees them too (no tracebacks are kept there).
+            "failedAttempts": r["failed_attempts"] or [],
         }
         if include_values:
             step["result"], step["error"] = r["value"], error_for(principal, r["error"])
