@@ -772,6 +772,9 @@ async def resolve(request: Request, execution_id: str) -> Response:
                       session=session) from None
     if answer == "not_found":
         raise _not_found(execution_id, session)
+    if answer == "step_not_found":
+        raise UIError(404, "STEP_NOT_FOUND",
+                      f"execution {execution_id!r} has no step {res.step!r}", session=session)
     if answer == "not_outcome_unknown":
         raise UIError(409, "STEP_NOT_OUTCOME_UNKNOWN",
                       f"step {res.step!r} of {execution_id!r} is not waiting for a decision "

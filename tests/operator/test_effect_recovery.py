@@ -181,7 +181,8 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
     assert [c["pid"] for c in await remote_calls(pool, ok)] == [a.pid]
     resolved = await events_of(store, ok, "resolved")
     assert [e["detail"] for e in resolved] == [
-        {"stepKey": "charge", "action": "succeed", "by": "ops@example"}], resolved
+        {"stepKey": "charge", "action": "succeed", "by": "ops@example",
+         "result": {"chargeId": "manual-1"}}], resolved
 
     assert (await store.get(fail))["outcome"]["result"]["receipt"] == {
         "stepFailed": "charge", "name": "CardDeclined", "message": "declined by bank"}

@@ -84,21 +84,22 @@ async def test_malformed_resolutions_are_422_and_change_nothing(
     assert await event_count(store) == n
 
 
-async def test_resolve_on_a_step_that_is_not_outcome_unknown_is_409(
+async def test_resolve_on_a_step_that_is_not_outcome_unknown_is_409_unknown_404(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = "resolve-wrong-step"
     await parked_effect(store, eid)
     other = await admit(store, "op-quick", "resolve-not-parked")
     before = await snapshot(pool, eid)
     n = await event_count(store)
-    for key in ("before", "no-such-step"):  # recorded / never heard of
+    # A recorded step is 409; a key the execution never had is 404 (issue 19).
+    for key, status, code in (("before", 409, "STEP_NOT_OUTCOME_UNKNOWN"),
+                              ("no-such-step", 404, "STEP_NOT_FOUND")):
         err = assert_error(await api.post(f"/v1/executions/{eid}/steps/{key}/resolve",
-                                          json={"action": "retry"}),
-                           409, "STEP_NOT_OUTCOME_UNKNOWN")
+                                          json={"action": "retry"}), status, code)
         assert err["status"] == "parked", err
     err = assert_error(await api.post(f"/v1/executions/{other}/steps/charge/resolve",
                                       json={"action": "succeed", "result": 1}),
-                       409, "STEP_NOT_OUTCOME_UNKNOWN")
+                       404, "STEP_NOT_FOUND")
     assert err["status"] == "admitted", err
     assert_error(await api.post("/v1/executions/nope/steps/charge/resolve",
                                 json={"action": "retry"}), 404, "EXECUTION_NOT_FOUND")

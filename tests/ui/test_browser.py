@@ -140,7 +140,8 @@ async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
     await expect(page.locator("ol.timeline")).to_contain_text("step resolved by an operator")
     await ui.shot(page, "execution-completed-after-resolve")
     resolved = [e for e in await ui.store.events(eid) if e["kind"] == "resolved"]
-    assert resolved[0]["detail"] == {"stepKey": "charge", "action": "succeed", "by": "anonymous"}
+    assert resolved[0]["detail"] == {"stepKey": "charge", "action": "succeed", "by": "anonymous",
+                                     "result": {"chargeId": "ch_4200"}}
 
 
 async def test_review_refuses_a_result_that_is_not_json(open_ui):

@@ -47,8 +47,9 @@ class Resolution(BaseModel):
         description="retry: call once more with the same idempotency key; succeed: record "
         "`result` as the step's result; fail: record `error` as the step's failure."
     )
-    result: Any = Field(None, description="For succeed: the step's result (any JSON).")
-    error: StepError | None = Field(None, description="For fail: {name, message}.")
+    result: Any = Field(None, description="For succeed, required: the step's result (any "
+                        "JSON; an explicit null records null).")
+    error: StepError | None = Field(None, description="For fail, required: {name, message}.")
     by: str | None = ACTOR
 
 
@@ -100,7 +101,8 @@ async def cancel(execution_id: str, request: Request, store: StoreDep, settings:
     response_model=Decision,
     summary="Settle a step whose outcome is unknown; the execution becomes due",
     openapi_extra=_body_schema(Resolution),
-    responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
+    responses={**ERRORS,
+               404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND / STEP_NOT_FOUND"},
                409: {"model": ErrorBody, "description": "STEP_NOT_OUTCOME_UNKNOWN"},
                422: {"model": ErrorBody,
                      "description": "INVALID_RESOLUTION / INVALID_EXECUTION_EVENT / "
@@ -116,6 +118,10 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
         decision = Resolution.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc, "INVALID_RESOLUTION") from None
+    if decision.action == "succeed" and "result" not in body:
+        raise ApiError(422, "INVALID_RESOLUTION",
+                       'action succeed needs "result": the value the step returned (send '
+                       '"result": null to record null); it is recorded as the step\'s result')
     if decision.action == "fail" and decision.error is None:
         raise ApiError(422, "INVALID_RESOLUTION", "action fail needs error: {name, message}")
     if decision.action != "fail" and decision.error is not None:
@@ -133,6 +139,13 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
                        f"result cannot be stored exactly ({exc}); send plain JSON") from None
     if answer == "not_found":
         raise not_found(execution_id)
+    if answer == "step_not_found":
+        raise ApiError(
+            404, "STEP_NOT_FOUND",
+            f"execution {execution_id!r} has no step {step_key!r}; the keys it has are listed by "
+            "GET /v1/executions/{id}/steps (a key is percent-encoded in the path)",
+            status=status,
+        )
     if answer == "not_outcome_unknown":
         raise ApiError(
             409, "STEP_NOT_OUTCOME_UNKNOWN",
