@@ -46,7 +46,11 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     assert deliveries(eid) == ["delivery-1", "delivery-2", "delivery-3"]
     assert len(await events_of(store, eid, "released")) == MAX
     [parked] = await events_of(store, eid, "parked")
-    assert parked["detail"] == {"reason": "poison", "unacknowledgedDeliveries": MAX}, parked
+    detail = dict(parked["detail"])
+    reasons = detail.pop("lastReasons")
+    assert detail == {"reason": "poison", "unacknowledgedDeliveries": MAX}, parked
+    # The parking names the last reasons: the workflow's Retry, newest first.
+    assert [(r["name"], r["message"]) for r in reasons] == [("Retry", "not today")] * MAX, reasons
 
     await asyncio.sleep(0.5)  # several polls and redelivery delays: nobody claims it
     assert (await store.get(eid))["token"] == MAX and len(deliveries(eid)) == MAX
