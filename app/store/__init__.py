@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.admission import AdmissionStatements
+from app.store.clock import ClockStatements
 from app.store.compose import ComposeStatements, TransactionFailed  # noqa: F401
 from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
@@ -54,6 +55,7 @@ class ExecutionStore(
     UiStatements,
     ScheduleStatements,
     SessionStatements,
+    ClockStatements,
 ):
     pool: RetryingPool
 
