@@ -34,3 +34,17 @@ def double(x: int) -> int:
 @workflow("testing-gather")
 async def gather(ctx: WorkflowContext, params: dict) -> list:
     return list(await asyncio.gather(*(ctx.step(f"double-{i}", double, i) for i in range(5))))
+
+
+@workflow("testing-child")
+async def child(ctx: WorkflowContext, params: dict) -> int:
+    await ctx.sleep("think", timedelta(hours=params["hours"]))
+    return await ctx.step("square", double, params["n"])
+
+
+@workflow("testing-fanout")
+async def fanout(ctx: WorkflowContext, params: dict) -> list:
+    ids = await asyncio.gather(*(ctx.start_child(f"child-{i}", "testing-child",
+                                                 {"n": i, "hours": i + 1}) for i in range(4)))
+    return list(await asyncio.gather(*(ctx.wait_for_child(f"wait-{i}", cid)
+                                       for i, cid in enumerate(ids))))

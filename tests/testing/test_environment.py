@@ -157,3 +157,13 @@ async def test_skip_leaves_other_executions_alone(database_url, pool, settings):
         assert (await env.result(eid))["reason"] == "no decision in time"
     after = await pool.fetchval("SELECT due_at FROM executions WHERE execution_id = 'not-mine'")
     assert after == before
+
+
+async def test_children_gathered_and_their_sleeps_skipped(database_url):
+    async with WorkflowEnvironment(database_url, workflows=[flows]) as env:
+        began = time.monotonic()
+        eid = await env.start("testing-fanout")
+        result = await env.result(eid, skip_time=True)
+        wall = time.monotonic() - began
+    assert result == [0, 2, 4, 6]
+    assert wall < 2.0, wall
