@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import bench, devserver, serve, soak, tokens_cli
+from app import bench, devserver, serve, shared_settings, soak, tokens_cli
 from app.settings import Settings
 
 EXIT_OK = 0
@@ -148,6 +148,9 @@ COMMANDS: dict[str, Command] = {
                 _with_settings(serve.run_api, needs_database="api")),
         Command("worker", "run workflows: claim, renew, fence, acknowledge", serve.configure_worker,
                 _with_settings(serve.run_worker, needs_database="worker")),
+        Command("settings", "show or deliberately change the settings every process shares",
+                shared_settings.configure,
+                _with_settings(shared_settings.run, needs_database="settings")),
         Command("tokens", "create, list and revoke API tokens", tokens_cli.configure,
                 _with_settings(tokens_cli.run, needs_database="tokens")),
         Command("dev", "embedded Postgres (unless DATABASE_URL is set), API and two workers",

@@ -81,15 +81,22 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _preflight(settings: Settings) -> None:
     """Refuse to start, with one clear line, on an unreachable database or a
-    schema that is not at this build's revision."""
+    schema that is not at this build's revision (exit 1); with a message per
+    setting, on shared settings that differ from the stored ones (exit 2; the
+    first process stores its own)."""
+    from app import shared_settings
     from app.db import create_pool
     from app.migrate import SchemaOutOfDate, check_schema
 
     pool = await create_pool(settings, min_size=1, max_size=1)
     try:
         await check_schema(pool)
+        await shared_settings.check(pool, settings)
     except SchemaOutOfDate as exc:
         raise SystemExit(f"error: {exc}") from None
+    except shared_settings.SharedSettingsMismatch as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(shared_settings.EXIT_MISMATCH) from None
     finally:
         await pool.close()
 
@@ -125,6 +132,7 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
     if not workflows:
         print(f"error: modules {settings.workflow_modules} register no workflow", file=sys.stderr)
         return 2
+    asyncio.run(_preflight(settings))
     worker = Worker(settings, workflows, concurrency=args.concurrency, worker_id=args.worker_id)
     if args.metrics_port:
         from prometheus_client import start_http_server

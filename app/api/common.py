@@ -29,7 +29,9 @@ ERRORS = {
           "(FENCEPOST_BODY_TIMEOUT_SECONDS)"},
     413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
     415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
-    422: {"model": ErrorBody, "description": "INVALID_EXECUTION_EVENT / INVALID_REQUEST"},
+    422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_EXECUTION_EVENT: a "
+          "malformed request / a value that cannot be stored exactly (NaN, NUL, duplicate keys, "
+          "too deep)"},
     503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
 }
 INVALID_QUERY = {
@@ -147,7 +149,7 @@ def outcome_for(principal, outcome):
     return {**outcome, "error": error_for(principal, outcome["error"])}
 
 
-def _invalid(exc: ValidationError, code: str = "INVALID_EXECUTION_EVENT",
+def _invalid(exc: ValidationError, code: str = "INVALID_REQUEST",
              prefix: str | None = None) -> ApiError:
     head = [prefix] if prefix else []
     problems = [

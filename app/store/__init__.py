@@ -32,6 +32,7 @@ from app.store.policy import PolicyStatements
 from app.store.retry import RetryingPool, retrying
 from app.store.schedules import ScheduleStatements, ScheduleTurn  # noqa: F401
 from app.store.sessions import SessionStatements
+from app.store.shared import SharedSettingsStatements
 from app.store.signals import SignalStatements
 from app.store.steps import StepStatements
 from app.store.tokens import TokenStatements
@@ -55,6 +56,7 @@ class ExecutionStore(
     UiStatements,
     ScheduleStatements,
     SessionStatements,
+    SharedSettingsStatements,
     ClockStatements,
 ):
     pool: RetryingPool

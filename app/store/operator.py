@@ -198,6 +198,16 @@ class OperatorStatements:
             return "step_not_found", row["status"]
         return "not_outcome_unknown", row["status"]
 
+    async def deadline_passed(self, deadline: datetime) -> tuple[bool, datetime]:
+        """(deadline <= now, now) by the database clock, the clock every
+        deadline is judged by. Admission asks right before it admits: a
+        deadline that passes between this read and the insert is one the
+        execution reaches at once after admission, which is where it would
+        end anyway (timed_out); no request with a past deadline is stored."""
+        row = await self.pool.fetchrow(
+            "SELECT $1::timestamptz <= now() AS passed, now() AS now", deadline)
+        return row["passed"], row["now"]
+
     async def resume(self, execution_id: str, by: str) -> tuple[ResumeAnswer, str | None]:
         """Make a poison-parked execution due again; its counter is kept, so
         one more unacknowledged delivery parks it again."""

@@ -629,8 +629,19 @@ async def execution_page(request: Request, execution_id: str) -> Response:
         "unknown": unknown if row["status"] == "parked" else [],
         "notice": DONE_MESSAGES.get(done), "problems": problems,
         "workers_live": row["workflow_id"] in live,
-        "max_unacked": request.app.state.settings.max_unacknowledged_deliveries,
+        "max_unacked": await _applied_poison_threshold(request),
     }, session=session)
+
+
+async def _applied_poison_threshold(request: Request) -> int:
+    """The poison threshold every process applies: the stored shared value
+    (each api and worker refuses to start with another), this process's own
+    only while none is stored yet."""
+    stored = await request.app.state.store.shared_settings()
+    row = stored.get("max_unacknowledged_deliveries")
+    if row is None:
+        return request.app.state.settings.max_unacknowledged_deliveries
+    return int(row["value"])
 
 
 def _back(execution_id: str, done: str) -> RedirectResponse:

@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest_asyncio
 
-from tests.acceptance.harness import Harness
+from app.shared_settings import SHARED
+from tests.acceptance.harness import DEFAULT_SETTINGS, Harness
 from tests.http.conftest import api_settings
 from tests.support.processes import REPO_ROOT, _die_with_parent
 from tests.support.races import RowLock
@@ -91,7 +92,9 @@ class ApiProcess:
 @pytest_asyncio.fixture
 async def service(database_url, tmp_path) -> AsyncIterator[tuple[ConcurrencyHarness, ApiProcess]]:
     h = await ConcurrencyHarness(database_url, tmp_path).open()
-    api = ApiProcess(database_url, h.log_dir)
+    # Shared settings are the workers' (a process with others refuses to start).
+    api = ApiProcess(database_url, h.log_dir,
+                     env={k: v for k, v in DEFAULT_SETTINGS.items() if k in SHARED.values()})
     ok = False
     try:
         await api.wait_ready()

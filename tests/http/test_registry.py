@@ -52,7 +52,7 @@ async def test_workflow_lookup_is_exact(registry_client, rows):
 
 async def test_malformed_workflow_id_is_422_before_the_registry(registry_client, rows):
     r = await registry_client.post("/v1/executions", json={"workflowId": "no such", "params": {}})
-    assert_error(r, 422, "INVALID_EXECUTION_EVENT")
+    assert_error(r, 422, "INVALID_REQUEST")
     assert await rows() == NOTHING
 
 

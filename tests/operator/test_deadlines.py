@@ -119,9 +119,9 @@ async def test_deadline_and_timeout_seconds_at_admission(
     before = await event_count(store)
     r = await admit_api(api, "op-quick", "adm-both", deadline="2099-01-01T00:00:00Z",
                         timeoutSeconds=10)
-    assert_error(r, 422, "INVALID_EXECUTION_EVENT")
+    assert_error(r, 422, "INVALID_REQUEST")
     r = await admit_api(api, "op-quick", "adm-naive", deadline="2099-01-01T00:00:00")
-    assert_error(r, 422, "INVALID_EXECUTION_EVENT")
+    assert_error(r, 422, "INVALID_REQUEST")
     for bad in (0, -5, "soon"):
         assert (await admit_api(api, "op-quick", "adm-bad", timeoutSeconds=bad)).status_code == 422
     assert await event_count(store) == before

@@ -221,7 +221,9 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
     try:
         held = await store.get(eid)
         assert held["status"] == "running" and held["lease_owner"] == a.worker_id, held
-        b = await procs.start("B")
+        # The lease is a shared setting: B starts with A's (a process with
+        # another value refuses to start).
+        b = await procs.start("B", settings=a_settings)
         done = await wait_status(store, eid, "completed", timeout=15)
         steps_before = await pool.fetch(
             "SELECT * FROM execution_steps WHERE execution_id = $1 ORDER BY step_key", eid)

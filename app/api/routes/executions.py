@@ -58,16 +58,19 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
         422: {"model": ErrorBody,
-              "description": "INVALID_EXECUTION_EVENT / INVALID_PARAMS / RESERVED_EXECUTION_ID"},
+              "description": "INVALID_REQUEST / INVALID_EXECUTION_EVENT / INVALID_PARAMS / "
+              "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"},
         **RATE_LIMITED,
     },
 )
 async def admit(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
                 principal: Trigger, _quota: AdmissionQuota):
     body = await _json(request, settings)
+    # Malformed requests are INVALID_REQUEST; INVALID_EXECUTION_EVENT means a
+    # value that cannot be stored exactly (the body parser and the store).
     if not isinstance(body, dict):
         raise ApiError(
-            422, "INVALID_EXECUTION_EVENT",
+            422, "INVALID_REQUEST",
             "the body must be a JSON object with workflowId, params and optional executionId, context",
         )
     check_client_execution_id(body.get("executionId"))
@@ -76,15 +79,25 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
     except ValidationError as exc:
         raise _invalid(exc) from None
     if req.deadline is not None and req.timeout_seconds is not None:
-        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+        raise ApiError(422, "INVALID_REQUEST",
                        "give either deadline or timeoutSeconds, not both")
     if req.deadline is not None and req.deadline.tzinfo is None:
-        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+        raise ApiError(422, "INVALID_REQUEST",
                        "deadline: give a time zone offset (for example 2026-01-01T00:00:00Z)")
     timeout_seconds = req.timeout_seconds
     definition = registered_workflow(request, req.workflow_id, req.params)
     if definition is not None and req.deadline is None and timeout_seconds is None:
         timeout_seconds = definition.timeout_seconds
+    if req.deadline is not None:
+        # Judged by the database clock right before admitting (see deadline_passed).
+        passed, now = await store.deadline_passed(req.deadline)
+        if passed:
+            raise ApiError(
+                422, "DEADLINE_IN_THE_PAST",
+                f"deadline {req.deadline.isoformat()} is at or before now ({now.isoformat()}, "
+                "database clock); nothing was admitted. Give a later deadline, or "
+                "timeoutSeconds for a deadline relative to admission",
+            )
     try:
         result = await store.admit(
             workflow_id=req.workflow_id,
