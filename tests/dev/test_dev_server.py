@@ -7,6 +7,7 @@ is actually loaded."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -127,8 +128,21 @@ def _wait_ready(dev: DevProcess) -> None:
           "two workers and the API", dev.output)
 
 
+def _post(dev: DevProcess, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{dev.port}{path}", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _get(dev: DevProcess, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{dev.port}{path}", timeout=5) as r:
+        return json.loads(r.read())
+
+
 def test_killed_worker_is_restarted_and_the_rest_keeps_running(dev_process):
-    dev = dev_process()
+    # The author's own module beside the examples, as the README shows.
+    dev = dev_process(FENCEPOST_WORKFLOWS="app.examples,tests.dev.flows")
     _wait_ready(dev)
     workers = dev.workers()
     api = dev.api()
@@ -148,6 +162,12 @@ def test_killed_worker_is_restarted_and_the_rest_keeps_running(dev_process):
     assert dev.api().pid == api.pid
     assert dev.workers()[other_id].pid == other.pid
     assert dev.api_answers()
+    # And it works: the author's workflow runs to completion on the workers.
+    _post(dev, "/v1/executions", {"workflowId": "dev-hello", "executionId": "hello-1",
+                                  "params": {"name": "dev"}})
+    done = _poll(lambda: (r := _get(dev, "/v1/executions/hello-1"))["status"] == "completed" and r,
+                 30, "hello-1 completed", dev.output)
+    assert done["outcome"]["result"] == {"hello": "dev"} or done.get("result") == {"hello": "dev"}, done
 
 
 def test_banner_prints_embedded_database_url_and_a_loaded_workflow(dev_process):

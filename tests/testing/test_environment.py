@@ -167,3 +167,13 @@ async def test_children_gathered_and_their_sleeps_skipped(database_url):
         wall = time.monotonic() - began
     assert result == [0, 2, 4, 6]
     assert wall < 2.0, wall
+
+
+async def test_cancel_a_waiting_approval(database_url):
+    async with WorkflowEnvironment(database_url, workflows=[refunds]) as env:
+        eid = await env.start("approve-refund", {"order_id": 13, "amount_cents": 1})
+        await env.wait_suspended(eid)
+        await env.cancel(eid)
+        with pytest.raises(ExecutionFailed) as ended:
+            await env.result(eid)
+    assert ended.value.status == "cancelled"
