@@ -86,10 +86,10 @@ class WorkflowEnvironment:
         if not self.workflows:
             raise ValueError(f"modules {modules} register no workflow")
         self._modules = [__import__(m, fromlist=["_"]) for m in modules]
-        # Quick polls and short redeliveries: a test waits on conditions, not on timers.
-        overrides = {"database_url": database_url, "poll_seconds": 0.05,
-                     "redelivery_base_seconds": 0.05}
-        self.settings = settings or Settings(**overrides)
+        # Quick polls: a test waits on conditions, not on timers. (Lease and
+        # redelivery times stay the defaults: every process on a database must
+        # share them, and an API started on the same database has the defaults.)
+        self.settings = settings or Settings(database_url=database_url, poll_seconds=0.05)
         self.concurrency = concurrency
         self.worker_id = worker_id or f"test-env-{uuid.uuid4().hex[:8]}"
         self.started: list[str] = []
