@@ -25,7 +25,8 @@ class Settings(BaseSettings):
     auth: Literal["enabled", "disabled"] = Field(
         "enabled", description="Bearer-token authentication of the API; `disabled` only for development."
     )
-    lease_seconds: float = Field(30.0, gt=0, description="How long a claim holds an execution without renewal.")
+    lease_seconds: float = Field(30.0, gt=0, description="How long a claim holds an execution without renewal."
+                                 " Shared: stored once in the database; every api and worker must match it (`fencepost settings`).")
     renew_seconds: float = Field(
         10.0, gt=0,
         description="How often a worker renews the leases it holds; must be shorter than the lease "
@@ -33,8 +34,10 @@ class Settings(BaseSettings):
     )
     redelivery_base_seconds: float = Field(
         1.0, gt=0, description="Redelivery delay after the first unacknowledged delivery."
+        " Shared: stored once in the database; every api and worker must match it (`fencepost settings`)."
     )
-    redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay.")
+    redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay."
+                                          " Shared: stored once in the database; every api and worker must match it (`fencepost settings`).")
     max_payload_bytes: int = Field(262144, gt=0, description="Largest accepted request body.")
     max_pending_signals: int = Field(
         1000, gt=0,
@@ -45,6 +48,7 @@ class Settings(BaseSettings):
     )
     max_unacknowledged_deliveries: int = Field(
         25, gt=0, description="Unacknowledged deliveries after which an execution is parked as poison."
+        " Shared: stored once in the database; every api and worker must match it (`fencepost settings`)."
     )
     workflows: str = Field("", description="Comma-separated Python modules that register workflows.")
     max_json_depth: int = Field(64, gt=0, description="Deepest nesting accepted in params and context.")
