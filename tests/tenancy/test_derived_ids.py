@@ -117,10 +117,11 @@ async def test_a_scheduled_run_happens_though_a_tenant_took_its_slot_id_first(
     minute = slot.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
     slot_id = cron.slot_id("nightly", slot)
 
-    # Tenant B squats the slot's pre-`~` ID with a past deadline (which used
-    # to suppress the scheduled run): an ordinary client ID now.
-    past = "2000-01-01T00:00:00Z"
-    await admit_as(api, tokens.b, f"nightly:{minute}", workflow_id="g-plain", deadline=past)
+    # Tenant B squats the slot's pre-`~` ID (a squat used to suppress the
+    # scheduled run): an ordinary client ID now. (A deadline in the past,
+    # which made the squat end at once, is refused at admission since issue 19.)
+    deadline = "2099-01-01T00:00:00Z"
+    await admit_as(api, tokens.b, f"nightly:{minute}", workflow_id="g-plain", deadline=deadline)
 
     result = await Scheduler(store, WORKFLOWS).run_once()
     # (A second slot is admitted too if the hour turned meanwhile.)
@@ -132,7 +133,7 @@ async def test_a_scheduled_run_happens_though_a_tenant_took_its_slot_id_first(
 
     # The slot's own form is refused from clients (the next hour's slot here).
     later = cron.slot_id("nightly", slot + timedelta(hours=1))
-    r = await api.post("/v1/executions", json={**admit_body(later), "deadline": past},
+    r = await api.post("/v1/executions", json={**admit_body(later), "deadline": deadline},
                        headers=headers(tokens.b))
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "RESERVED_EXECUTION_ID"
