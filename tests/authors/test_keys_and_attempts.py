@@ -16,6 +16,7 @@ from app.settings import Settings
 from app.store import ExecutionStore
 from tests.authors import keyflows
 from tests.sdk.helpers import admit, events_of, step_rows, wait_status
+from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.authors.keyflows"])
@@ -23,9 +24,8 @@ WORKFLOWS = load_workflows(["tests.authors.keyflows"])
 
 @pytest.fixture
 def author_settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, lease_seconds=1, renew_seconds=0.2,
-                    poll_seconds=0.2, redelivery_base_seconds=0.05, redelivery_cap_seconds=0.2,
-                    max_unacknowledged_deliveries=3)
+    return quick_settings(database_url, redelivery_cap_seconds=0.2,
+                          max_unacknowledged_deliveries=3)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.compose import flows
+from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.compose.flows"])
@@ -44,15 +45,7 @@ def _open_gates() -> None:
 
 @pytest.fixture
 def cmp_settings(database_url: str) -> Settings:
-    return Settings(
-        database_url=database_url,
-        lease_seconds=1,
-        renew_seconds=0.2,
-        poll_seconds=0.2,
-        redelivery_base_seconds=0.05,
-        redelivery_cap_seconds=0.5,
-        shutdown_grace_seconds=2,
-    )
+    return quick_settings(database_url)
 
 
 @pytest_asyncio.fixture

@@ -22,6 +22,7 @@ from app.store import ExecutionStore
 from tests.acceptance.conftest import make_harness, pytest_runtest_makereport  # noqa: F401
 from tests.acceptance.harness import Harness
 from tests.hardening import flows
+from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.hardening.flows"])
@@ -42,15 +43,7 @@ def _reset_flows(tmp_path, monkeypatch) -> None:
 
 @pytest.fixture
 def hard_settings(database_url: str) -> Settings:
-    return Settings(
-        database_url=database_url,
-        lease_seconds=1,
-        renew_seconds=0.2,
-        poll_seconds=0.2,
-        redelivery_base_seconds=0.05,
-        redelivery_cap_seconds=0.5,
-        shutdown_grace_seconds=2,
-    )
+    return quick_settings(database_url)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from app.settings import Settings
 from app.store import ExecutionStore
 from tests.operator import flows
 from tests.operator.procs import Procs
+from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.operator.flows"])
@@ -56,17 +57,8 @@ def _open_gates() -> None:
 
 @pytest.fixture
 def op_settings(database_url: str) -> Settings:
-    return Settings(
-        **_NO_AUTH,
-        database_url=database_url,
-        lease_seconds=1,
-        renew_seconds=0.2,
-        poll_seconds=0.2,
-        redelivery_base_seconds=0.05,
-        redelivery_cap_seconds=0.2,
-        shutdown_grace_seconds=1,
-        workflows="",
-    )
+    return quick_settings(database_url, **_NO_AUTH, redelivery_cap_seconds=0.2,
+                          shutdown_grace_seconds=1, workflows="")
 
 
 @pytest.fixture

@@ -1,0 +1,22 @@
+"""Short timings for tests with in-process workers: a lease of one second,
+renewals and polls every 0.2 s, redelivery from 50 ms, so nothing waits long."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.settings import Settings
+
+QUICK: dict[str, Any] = {
+    "lease_seconds": 1,
+    "renew_seconds": 0.2,
+    "poll_seconds": 0.2,
+    "redelivery_base_seconds": 0.05,
+    "redelivery_cap_seconds": 0.5,
+    "shutdown_grace_seconds": 2,
+}
+
+
+def quick_settings(database_url: str, **overrides: Any) -> Settings:
+    """Settings for `database_url` with the short timings (each overridable)."""
+    return Settings(**{**QUICK, "database_url": database_url, **overrides})
