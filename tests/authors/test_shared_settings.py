@@ -22,8 +22,8 @@ from app.settings import Settings
 from app.shared_settings import SHARED
 from app.store import ExecutionStore
 from tests.operator.procs import SETTINGS as SHORT
+from tests.support.api_process import api_env, run_api_cli
 from tests.support.processes import REPO_ROOT, WorkerProcess, is_registered, spawn_worker
-from tests.tenancy.api_process import api_env, run_api_cli
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,15 +10,9 @@ them all, in the order they were stored (signal_id order).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest_asyncio
@@ -26,7 +20,7 @@ import pytest_asyncio
 from app.shared_settings import SHARED
 from tests.acceptance.harness import DEFAULT_SETTINGS, Harness
 from tests.http.conftest import api_settings
-from tests.support.processes import REPO_ROOT, _die_with_parent
+from tests.support.api_process import ApiProcess
 from tests.support.races import RowLock
 
 FLOWS = "tests.http.concurrent_flows"
@@ -39,62 +33,14 @@ class ConcurrencyHarness(Harness):
     worker_prefix = "cc-worker"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ApiProcess:
-    """`python -m app.cli api` on 127.0.0.1:<free port>, log in `<dir>/api.log`."""
-
-    def __init__(self, database_url: str, log_dir: Path, env: dict[str, str] | None = None):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / "api.log"
-        environ = {k: v for k, v in os.environ.items()
-                   if not k.startswith("FENCEPOST_") and k != "DATABASE_URL"}
-        environ.update({"DATABASE_URL": database_url, "FENCEPOST_AUTH": "disabled",
-                        "PYTHONUNBUFFERED": "1",
-                        "PYTHONPATH": os.pathsep.join(
-                            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)})
-        environ.update(env or {})
-        self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port), "--workflows",
-             FLOWS, "--log-format", "console", "--log-level", "warning"],
-            cwd=REPO_ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        )
-
-    async def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(base_url=self.base, timeout=2) as c:
-            while True:
-                assert self.proc.poll() is None, f"api exited:\n{self.log()}"
-                with contextlib.suppress(httpx.TransportError):
-                    if (await c.get("/readyz")).status_code == 200:
-                        return
-                assert time.monotonic() < deadline, f"api not ready:\n{self.log()}"
-                await asyncio.sleep(0.05)
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._log.close()
-
-
 @pytest_asyncio.fixture
 async def service(database_url, tmp_path) -> AsyncIterator[tuple[ConcurrencyHarness, ApiProcess]]:
     h = await ConcurrencyHarness(database_url, tmp_path).open()
     # Shared settings are the workers' (a process with others refuses to start).
     api = ApiProcess(database_url, h.log_dir,
-                     env={k: v for k, v in DEFAULT_SETTINGS.items() if k in SHARED.values()})
+                     env={"FENCEPOST_AUTH": "disabled",
+                          **{k: v for k, v in DEFAULT_SETTINGS.items() if k in SHARED.values()}},
+                     args=("--workflows", FLOWS))
     ok = False
     try:
         await api.wait_ready()

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from app.serve import is_loopback
+from tests.support.api_process import ApiProcess, api_env, free_port, raw_request, run_api_cli
 from tests.support.processes import REPO_ROOT, _die_with_parent
-from tests.tenancy.api_process import ApiProcess, api_env, free_port, raw_request, run_api_cli
 from tests.tenancy.conftest import error_code
 
 NO_AUTH = {"FENCEPOST_AUTH": "disabled"}

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from app.api.auth import TokenVerifier
-from tests.tenancy.api_process import ApiProcess, raw_request
+from tests.support.api_process import ApiProcess, raw_request
 from tests.tenancy.conftest import error_code, headers
 
 KIB = 1024

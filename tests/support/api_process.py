@@ -1,4 +1,4 @@
-"""A real `fencepost api` process for the tenancy tests (engineer H's suites):
+"""A real `fencepost api` process for tests (tenancy, concurrent callers, shared settings):
 started with only the FENCEPOST_* settings given, on 127.0.0.1:<free port>
 unless told otherwise, log in `<log_dir>/api-<n>.log`, killed in stop()."""
 
