@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -41,12 +40,15 @@ import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 
 from app.api.app import create_app
 from app.api.auth import new_token
+from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
+from tests.support.live_server import ServerThread
+from tests.support.timing import QUICK
+from tests.support.workers import InProcessWorkers
 
 BASE_URL = "http://fencepost.test"
 
@@ -133,41 +135,13 @@ async def api(make_api: Callable) -> httpx.AsyncClient:
     return await make_api()
 
 
-class LiveServer:
-    """create_app(settings, workflows) served by uvicorn on 127.0.0.1:<free port>,
-    from a thread with its own event loop (a real HTTP/1.1 server: raw sockets work)."""
+class LiveServer(ServerThread):
+    """create_app(settings, workflows) served by a real uvicorn (raw sockets work)."""
 
     def __init__(self, settings: Settings, workflows=None, wrap=None, **uvicorn_options) -> None:
         self.app = create_app(settings, workflows=workflows)
         served = self.app if wrap is None else wrap(self.app)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(served, loop="asyncio", log_level="warning", lifespan="on",
-                                access_log=False, **uvicorn_options)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="tenancy-test-server", daemon=True)
-
-    async def start(self) -> LiveServer:
-        self.thread.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while not self.server.started:
-            assert self.thread.is_alive(), "the test server failed to start (see the log)"
-            assert loop.time() < deadline, "the test server did not start in 20 s"
-            await asyncio.sleep(0.02)
-        return self
-
-    def client(self, **kw) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base, timeout=kw.pop("timeout", 30), **kw)
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.to_thread(self.thread.join, 15)
-        self.sock.close()
+        super().__init__(served, name="tenancy-test-server", **uvicorn_options)
 
 
 @pytest_asyncio.fixture
@@ -296,3 +270,14 @@ def error_code(body: bytes) -> str | None:
     with contextlib.suppress(ValueError, KeyError, TypeError):
         return json.loads(body)["error"]["code"]
     return None
+
+
+@pytest_asyncio.fixture
+async def workers(tenancy_settings: Settings, store) -> AsyncIterator[InProcessWorkers]:
+    """In-process workers running tests/tenancy/flows_g.py (derived IDs, signal senders)."""
+    fast = tenancy_settings.model_copy(update={**QUICK, "lease_seconds": 2, "renew_seconds": 0.5})
+    running = InProcessWorkers(fast, load_workflows(["tests.tenancy.flows_g"]))
+    try:
+        yield running
+    finally:
+        await running.stop_all()

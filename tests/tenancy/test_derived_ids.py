@@ -11,34 +11,17 @@ replay returns the recorded child ID).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, timedelta
-
-import pytest_asyncio
 
 from app import cron
 from app.registry import load_workflows
 from app.scheduler import Scheduler
-from app.settings import Settings
 from tests.sdk.helpers import wait_status
-from tests.support.workers import InProcessWorkers
 from tests.tenancy.conftest import headers
 
 WORKFLOWS = load_workflows(["tests.tenancy.flows_g"])
 
 
-@pytest_asyncio.fixture
-async def workers(tenancy_settings: Settings, store) -> AsyncIterator[InProcessWorkers]:
-    fast = tenancy_settings.model_copy(update={
-        "lease_seconds": 2, "renew_seconds": 0.5, "poll_seconds": 0.2,
-        "redelivery_base_seconds": 0.05, "redelivery_cap_seconds": 0.5,
-        "shutdown_grace_seconds": 2,
-    })
-    running = InProcessWorkers(fast, WORKFLOWS)
-    try:
-        yield running
-    finally:
-        await running.stop_all()
 
 
 def admit_body(execution_id: str, workflow_id: str = "g-plain") -> dict:

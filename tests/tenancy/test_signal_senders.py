@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from app.registry import WorkflowRegistrationError, load_workflows, workflow
-from app.settings import Settings
 from tests.sdk.helpers import wait_status, wait_until
 from tests.support.processes import is_registered, spawn_worker
 from tests.support.races import RowLock, until_waiting
@@ -44,18 +41,6 @@ async def received_events(pool, execution_id: str) -> list[dict]:
     return [r["detail"] for r in rows]
 
 
-@pytest_asyncio.fixture
-async def workers(tenancy_settings: Settings, store) -> AsyncIterator[InProcessWorkers]:
-    fast = tenancy_settings.model_copy(update={
-        "lease_seconds": 2, "renew_seconds": 0.5, "poll_seconds": 0.2,
-        "redelivery_base_seconds": 0.05, "redelivery_cap_seconds": 0.5,
-        "shutdown_grace_seconds": 2,
-    })
-    running = InProcessWorkers(fast, WORKFLOWS)
-    try:
-        yield running
-    finally:
-        await running.stop_all()
 
 
 # ------------------------------------------------------------------ senders

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
-import uvicorn
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 from app.api.app import create_app
@@ -35,6 +32,7 @@ from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from app.worker import Worker
+from tests.support.live_server import ServerThread
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -55,35 +53,6 @@ async def browser() -> AsyncIterator[Browser]:
             yield b
         finally:
             await b.close()
-
-
-class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1:<free port> from a thread."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, loop="asyncio", log_level="warning", lifespan="on",
-                                access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="ui-test-server", daemon=True)
-
-    async def start(self) -> None:
-        self.thread.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while not self.server.started:
-            assert self.thread.is_alive(), "the test server failed to start (see the log)"
-            assert loop.time() < deadline, "the test server did not start in 20 s"
-            await asyncio.sleep(0.02)
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.to_thread(self.thread.join, 15)
-        self.sock.close()
 
 
 @dataclass

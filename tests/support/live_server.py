@@ -1,0 +1,44 @@
+"""A real HTTP/1.1 server for tests: uvicorn serving an ASGI app on
+127.0.0.1:<free port> from a thread with its own event loop (raw sockets and
+browsers reach it like any server)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import httpx
+import uvicorn
+
+
+class ServerThread:
+    def __init__(self, app, *, name: str = "test-server", **uvicorn_options) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, loop="asyncio", log_level="warning", lifespan="on",
+                                access_log=False, **uvicorn_options)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name=name, daemon=True)
+
+    async def start(self):
+        self.thread.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not self.server.started:
+            assert self.thread.is_alive(), "the test server failed to start (see the log)"
+            assert loop.time() < deadline, "the test server did not start in 20 s"
+            await asyncio.sleep(0.02)
+        return self
+
+    def client(self, **kw) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base, timeout=kw.pop("timeout", 30), **kw)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await asyncio.to_thread(self.thread.join, 15)
+        self.sock.close()
