@@ -356,12 +356,8 @@ class WorkflowContext:
                 raise
             except Exception as exc:
                 METRICS.step_seconds.observe(time.perf_counter() - started)
-                await self._record_attempt(key, attempt, exc)
-                if policy.retries(exc, attempt):
-                    if await self._retry_fits(key, policy.delay(attempt)):
-                        continue
-                    await self._record(key, name, attempt, error=error_of(exc))
-                    self._retry_past_deadline(key)
+                if await self._may_retry(key, name, attempt, exc, policy, attempt):
+                    continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             METRICS.step_seconds.observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
@@ -467,14 +463,10 @@ class WorkflowContext:
                     raise Park(key) from None
                 # The remote side answered with an error: a known outcome,
                 # retried with the same key while the policy says so.
-                await self._record_attempt(key, attempts, exc)
-                if policy.retries(exc, tries):
-                    if await self._retry_fits(key, policy.delay(tries)):
-                        await self._fenced(self._store.retry_effect(self._lease, key), key)
-                        attempts += 1
-                        continue
-                    await self._record(key, name, attempts, error=error_of(exc))
-                    self._retry_past_deadline(key)
+                if await self._may_retry(key, name, attempts, exc, policy, tries):
+                    await self._fenced(self._store.retry_effect(self._lease, key), key)
+                    attempts += 1
+                    continue
                 return self._settled(await self._record(key, name, attempts,
                                                         error=error_of(exc)))
             return self._settled(await self._record_value(key, name, attempts, value))
@@ -516,12 +508,8 @@ class WorkflowContext:
                 if is_database_failure(exc) and not is_retryable_conflict(exc):
                     self.stop(f"database unavailable at step {key!r}: {exc}")
                     raise DeliveryStopped(self.stopped) from exc
-                await self._record_attempt(key, attempt, exc)
-                if policy.retries(exc, attempt - conflicts):
-                    if await self._retry_fits(key, policy.delay(attempt - conflicts)):
-                        continue
-                    await self._record(key, name, attempt, error=error_of(exc))
-                    self._retry_past_deadline(key)
+                if await self._may_retry(key, name, attempt, exc, policy, attempt - conflicts):
+                    continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
             except InvalidEvent as exc:
                 error = {"name": "StepResultNotJSON", "message": str(exc)}
@@ -743,6 +731,22 @@ class WorkflowContext:
             }
             return await self._record(key, name, attempts, error=error)
         return await self._record(key, name, attempts, value=value)
+
+    async def _may_retry(self, key: str, name: str, attempts: int, exc: Exception,
+                         policy: RetryPolicy, tried: int) -> bool:
+        """After a failed attempt (kept in the step's history): True once the
+        policy's delay has passed and another attempt may run; False when the
+        policy gives up (the caller records the failure). A retry that would
+        start at or after the deadline is not made: the failure is recorded
+        and DeadlineExceeded raised."""
+        await self._record_attempt(key, attempts, exc)
+        if not policy.retries(exc, tried):
+            return False
+        if await self._retry_fits(key, policy.delay(tried)):
+            return True
+        await self._record(key, name, attempts, error=error_of(exc))
+        self._retry_past_deadline(key)
+        return False  # not reached: _retry_past_deadline raises
 
     async def _retry_fits(self, key: str, delay: float) -> bool:
         """Sleep before the next attempt; False (no sleep) when it would start
