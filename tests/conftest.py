@@ -3,10 +3,13 @@ database per session, one fresh database per test (cloned from the template).
 
 Where the server comes from, first match wins:
   1. TEST_DATABASE_URL (any reachable Postgres; its user must be able to CREATE DATABASE)
-  2. a testcontainers PostgresContainer, when a Docker daemon answers
+  2. a testcontainers PostgresContainer, when a Docker daemon answers: the image is
+     POSTGRES_IMAGE (default postgres:16-alpine); the Ryuk reaper stays off (its image
+     may not be pullable), the session's finalizer removes the container
   3. an embedded Postgres (pgserver wheel) under a fresh short temp dir
 FENCEPOST_TEST_POSTGRES=env|docker|embedded forces one. Nothing is skipped: if
-no server can be had, the fixture raises.
+no server can be had, the fixture raises. Which server runs, and why an earlier
+choice was passed over, is printed at the start of the run and warned in its summary.
 
 Fixtures:
   pg_server          session  TestServer(url, kind, embedded, url_for(db))
@@ -90,7 +93,8 @@ def _short_tempdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
-def _docker_answers() -> bool:
+def _docker_answers() -> str | None:
+    """None when a Docker daemon answers, else why not."""
     try:
         import docker
 
@@ -99,20 +103,39 @@ def _docker_answers() -> bool:
             client.ping()
         finally:
             client.close()
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as exc:
+        return f"no Docker daemon answered ({type(exc).__name__}: {exc})"
+
+
+def _postgres_image() -> str:
+    return os.environ.get("POSTGRES_IMAGE", "").strip() or "postgres:16-alpine"
 
 
 def _start_docker() -> TestServer:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        from testcontainers.core.config import testcontainers_config
         try:
             from testcontainers.community.postgres import PostgresContainer
         except ImportError:
             from testcontainers.postgres import PostgresContainer
-    container = PostgresContainer("postgres:16-alpine", driver=None)
-    container.start()
+    # Ryuk (the reaper container) comes from a registry that may not answer; the
+    # session's finalizer (container.stop) removes the container instead.
+    testcontainers_config.ryuk_disabled = True
+    # Throw-away data, as the embedded server's: in memory (CREATE DATABASE for each test
+    # costs ~10 ms there, ~250 ms on disk) and, where the image takes arguments, no fsync.
+    container = (
+        PostgresContainer(_postgres_image(), driver=None)
+        .with_command("postgres -c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        .with_tmpfs_mount("/var/lib/postgresql/data")
+    )
+    try:
+        container.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise
     server = TestServer(container.get_connection_url(), "docker")
     server._cleanup.append(container.stop)
     return server
@@ -132,8 +155,25 @@ def _start_embedded() -> TestServer:
     return server
 
 
+def _say_which_server(config: pytest.Config, server: TestServer, passed_over: list[str]) -> None:
+    """Print (at once, uncaptured) which Postgres the session uses and why an earlier
+    choice was passed over; the reasons are also warned, so the summary lists them."""
+    what = {"env": "TEST_DATABASE_URL", "docker": f"testcontainers {_postgres_image()}",
+            "embedded": "embedded (pgserver)"}[server.kind]
+    lines = [f"test database: {what}"] + [f"  passed over: {reason}" for reason in passed_over]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.ensure_newline()
+            for line in lines:
+                reporter.write_line(line, yellow=bool(passed_over))
+    for reason in passed_over:
+        warnings.warn(f"test database: {what}, because {reason}", stacklevel=2)
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[TestServer]:
+def pg_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
     forced = os.environ.get("FENCEPOST_TEST_POSTGRES", "").strip().lower()
     env_url = os.environ.get("TEST_DATABASE_URL")
     errors: list[str] = []
@@ -144,13 +184,14 @@ def pg_server() -> Iterator[TestServer]:
     elif forced == "env":
         errors.append("FENCEPOST_TEST_POSTGRES=env but TEST_DATABASE_URL is not set")
     if server is None and forced in ("", "docker"):
-        if _docker_answers():
+        problem = _docker_answers()
+        if problem is None:
             try:
                 server = _start_docker()
             except Exception as exc:
-                errors.append(f"docker: {type(exc).__name__}: {exc}")
+                errors.append(f"docker ({_postgres_image()}): {type(exc).__name__}: {exc}")
         else:
-            errors.append("docker: no Docker daemon answered")
+            errors.append(f"docker: {problem}")
     if server is None and forced in ("", "embedded"):
         try:
             server = _start_embedded()
@@ -161,6 +202,7 @@ def pg_server() -> Iterator[TestServer]:
             "no Postgres for the tests. Set TEST_DATABASE_URL, start Docker, or install the "
             "embedded extra (pip install -e '.[embedded]'). Tried:\n  " + "\n  ".join(errors)
         )
+    _say_which_server(pytestconfig, server, errors)
     try:
         yield server
     finally:
