@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # One image for every role: `api` (the default), `worker`, `migrate`, `tokens`, ...
 #   docker build -t fencepost .
 #   docker run --rm -e DATABASE_URL=... fencepost migrate

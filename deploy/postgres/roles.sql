@@ -1,6 +1,6 @@
 -- fencepost's database roles, least privilege. Run once by the superuser on an
--- empty database (docker compose: deploy/postgres/initdb/10-fencepost-roles.sh,
--- when the postgres container initializes its volume; elsewhere, by hand:
+-- empty database (docker compose: deploy/postgres/ensure-roles.sh, in the one-shot
+-- `roles` service, when the roles are missing; elsewhere, by hand:
 --   psql -v ON_ERROR_STOP=1 -d fencepost -v database=fencepost \
 --        -v migrator=fencepost_migrator -v migrator_password=... \
 --        -v runtime=fencepost_runtime -v runtime_password=... -f roles.sql

@@ -41,6 +41,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 IMAGE_NON_SETTINGS = {"PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
                       "PIP_CONSTRAINT", "PIP_DISABLE_PIP_VERSION_CHECK"}
 POSTGRES_SERVICE = "postgres"
+ROLES_SERVICE = "roles"
 FENCEPOST_ROLES = ("migrate", "api", "worker")
 BUILD_TOOLS = re.compile(
     r"\b(gcc|g\+\+|cc|clang|make|build-essential|libc6-dev|libpq-dev|apt-get\s+install|apk\s+add"
@@ -466,13 +467,33 @@ def environment(service: dict, given: dict[str, str] | None = None) -> dict[str,
 
 
 def test_compose_has_postgres_migrate_api_and_worker(services):
-    assert {POSTGRES_SERVICE, *FENCEPOST_ROLES} <= set(services)
+    assert {POSTGRES_SERVICE, ROLES_SERVICE, *FENCEPOST_ROLES} <= set(services)
+
+
+def test_images_are_parameters_with_the_official_defaults(services, dockerfile):
+    """One file for users (official images) and for machines without a registry:
+    POSTGRES_IMAGE picks the Postgres image, PYTHON_IMAGE is passed to the build (unset,
+    the Dockerfile's default applies), and the Dockerfile needs no frontend image."""
+    for name in (POSTGRES_SERVICE, ROLES_SERVICE):
+        image = services[name]["image"]
+        assert image.startswith("${POSTGRES_IMAGE:-"), image
+        assert interpolate(image, {**REQUIRED_VARIABLES, "POSTGRES_IMAGE": "local/pg:15"}) == (
+            "local/pg:15")
+    for role in FENCEPOST_ROLES:
+        build = services[role]["build"]
+        assert build["args"] == ["PYTHON_IMAGE"], "the value comes from the environment, if set"
+    global_args, stages = dockerfile
+    assert "PYTHON_IMAGE" in global_args and stages[0].image == stages[-1].image
+    assert not DOCKERFILE.read_text().startswith("# syntax="), (
+        "a syntax directive makes BuildKit pull a frontend image; the legacy builder must work"
+    )
 
 
 def test_postgres_is_16_on_a_named_volume_with_a_healthcheck(compose, services):
     pg = services[POSTGRES_SERVICE]
     # Pinned: a minor release and the Debian release, not the moving `16`.
-    assert re.fullmatch(r"postgres:16\.\d+-[a-z]+(@sha256:[0-9a-f]{64})?", pg["image"]), pg["image"]
+    image = interpolate(pg["image"])
+    assert re.fullmatch(r"postgres:16\.\d+-[a-z]+(@sha256:[0-9a-f]{64})?", image), image
     named = set(compose.get("volumes") or {})
     data_mounts = [str(v) for v in pg.get("volumes", []) if "/var/lib/postgresql" in str(v)]
     assert data_mounts, "Postgres data must live on a volume"
@@ -508,7 +529,10 @@ def test_every_compose_command_parses_with_the_cli(services, role, final_stage):
 def test_migrate_is_a_one_shot_that_api_and_worker_wait_for(services):
     migrate = services["migrate"]
     assert migrate.get("restart", "no") in {"no", False}, "a one-shot must not be restarted"
-    assert migrate["depends_on"][POSTGRES_SERVICE]["condition"] == "service_healthy"
+    assert migrate["depends_on"][ROLES_SERVICE]["condition"] == "service_completed_successfully"
+    assert services[ROLES_SERVICE]["depends_on"][POSTGRES_SERVICE]["condition"] == (
+        "service_healthy")
+    assert services[ROLES_SERVICE].get("restart") in {"no", False}
     for role in ("api", "worker"):
         assert services[role]["depends_on"]["migrate"]["condition"] == (
             "service_completed_successfully"
@@ -549,9 +573,7 @@ def test_api_publishes_its_port_and_roles_without_http_override_the_healthcheck(
 def test_compose_environment_names_settings_or_known_variables(services, role):
     for name in environment(services[role]):
         if role == POSTGRES_SERVICE:
-            # The init script (deploy/postgres/initdb) reads the two role passwords.
-            assert name.startswith("POSTGRES_") or name in {
-                "PGDATA", "FENCEPOST_MIGRATOR_PASSWORD", "FENCEPOST_RUNTIME_PASSWORD"}, name
+            assert name.startswith("POSTGRES_") or name == "PGDATA", name
         else:
             assert name in IMAGE_NON_SETTINGS or is_setting(name), (
                 f"{role}: {name} is not a fencepost setting (app/settings.py)"
@@ -565,10 +587,11 @@ def test_compose_environment_values_validate(services, role, monkeypatch):
     settings = Settings()
     assert settings.database_url
     pg_env = environment(services[POSTGRES_SERVICE])
+    roles_env = environment(services[ROLES_SERVICE])
     # migrate connects as the schema's owner, api and worker as the runtime role;
     # none of them as the superuser.
-    user, password = (MIGRATOR, pg_env["FENCEPOST_MIGRATOR_PASSWORD"]) if role == "migrate" \
-        else (RUNTIME, pg_env["FENCEPOST_RUNTIME_PASSWORD"])
+    user, password = (MIGRATOR, roles_env["FENCEPOST_MIGRATOR_PASSWORD"]) if role == "migrate" \
+        else (RUNTIME, roles_env["FENCEPOST_RUNTIME_PASSWORD"])
     assert settings.database_url == (
         f"postgresql://{user}:{password}@{POSTGRES_SERVICE}:5432/{pg_env['POSTGRES_DB']}"
     )
@@ -588,9 +611,10 @@ def _use_environment(monkeypatch, env: dict[str, str]) -> None:
 
 
 def _mounts(service: dict) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of each volume, with the variables at their defaults."""
     mounts = []
     for volume in service.get("volumes", []):
-        source, target, *mode = str(volume).split(":")
+        source, target, *mode = interpolate(str(volume)).split(":")
         mounts.append((source, target, mode[0] if mode else "rw"))
     return mounts
 
@@ -660,22 +684,30 @@ def test_the_api_port_is_published_on_loopback_only(services):
     assert "ports" not in services[POSTGRES_SERVICE]
 
 
-def test_postgres_runs_the_role_script_at_initialization(services):
-    mounts = {target: (source, mode) for source, target, mode in _mounts(services[POSTGRES_SERVICE])}
-    source, mode = mounts["/docker-entrypoint-initdb.d"]
-    assert mode == "ro" and (ROOT / source).is_dir()
-    scripts = sorted(p.name for p in (ROOT / source).iterdir())
-    assert scripts == ["10-fencepost-roles.sh"], scripts
-    script = (ROOT / source / scripts[0]).read_text()
-    sql_target = re.search(r"-f\s+(\S+)", script)[1]
-    sql_source, sql_mode = mounts[sql_target]
-    assert sql_mode == "ro" and (ROOT / sql_source).resolve() == ROOT / "deploy/postgres/roles.sql"
-    assert "ON_ERROR_STOP=1" in script and "set -eu" in script
+def test_the_roles_one_shot_runs_the_role_script_before_migrate(services):
+    """Any Postgres image (and a volume set up before the roles existed) gets the two
+    roles: the one shot connects over the network as the superuser and runs roles.sql
+    in one transaction when they are missing (tests/containers runs it for real)."""
+    roles = services[ROLES_SERVICE]
+    assert roles["image"] == services[POSTGRES_SERVICE]["image"], "psql comes with that image"
+    mounts = {target: (source, mode) for source, target, mode in _mounts(roles)}
+    entrypoint = roles["entrypoint"]
+    assert entrypoint[0] == "sh", entrypoint
+    script_target = PurePosixPath(entrypoint[1])
+    source, mode = mounts[str(script_target.parent)]
+    assert mode == "ro" and (ROOT / source).resolve() == ROOT / "deploy/postgres"
+    script = (ROOT / source / script_target.name).read_text()
+    assert (ROOT / source / "roles.sql").is_file() and '-f "$here/roles.sql"' in script
+    assert "psql -1 -v ON_ERROR_STOP=1" in script and "set -eu" in script
     # The roles the compose URLs name are the ones the script creates.
     assert f"migrator={MIGRATOR}" in script and f"runtime={RUNTIME}" in script
+    env = environment(roles)
+    assert env["PGHOST"] == POSTGRES_SERVICE and env["PGUSER"] == "postgres"
+    assert env["PGPASSWORD"] == REQUIRED_VARIABLES["POSTGRES_PASSWORD"]
+    assert env["PGDATABASE"] == environment(services[POSTGRES_SERVICE])["POSTGRES_DB"]
     for variable in ("FENCEPOST_MIGRATOR_PASSWORD", "FENCEPOST_RUNTIME_PASSWORD"):
         assert f'"${variable}"' in script
-        assert variable in environment(services[POSTGRES_SERVICE])
+        assert env[variable] == REQUIRED_VARIABLES[variable]
 
 
 def test_role_script_grants_the_runtime_role_data_rights_only():
@@ -708,4 +740,5 @@ def test_role_script_grants_the_runtime_role_data_rights_only():
 def test_the_image_tag_is_the_project_version(services):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     for role in FENCEPOST_ROLES:
-        assert services[role]["image"] == f"fencepost:{version}", services[role]["image"]
+        image = interpolate(services[role]["image"])
+        assert image == f"fencepost:{version}", image
