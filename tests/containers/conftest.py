@@ -117,9 +117,9 @@ def image(project: Stack) -> str:
 @pytest.fixture(scope="session")
 def stack(project: Stack, image: str) -> Stack:
     started = time.monotonic()
-    project.up(workers=2, build=True)
-    FIGURES["stack healthy"] = (f"{time.monotonic() - started:.1f} s (`docker compose up -d "
-                                "--build`: postgres, roles, migrate, api and 2 workers healthy)")
+    project.up()
+    FIGURES["stack healthy"] = (f"{time.monotonic() - started:.1f} s (`docker compose up "
+                                "--build -d`: postgres, roles, migrate, api and 2 workers healthy)")
     return project
 
 

@@ -149,13 +149,10 @@ class Stack:
 
         wait_for(f"container {container} healthy", healthy, timeout, every=0.5)
 
-    def up(self, workers: int = 2, *, build: bool = False, timeout: float = 600) -> None:
-        """`docker compose up -d [--build]` with `workers` worker replicas, then wait until
-        the API and every worker container is healthy."""
-        args = ["up", "-d", "--no-recreate"]
-        if build:
-            args.append("--build")
-        self.compose(*args, "--scale", f"worker={workers}", timeout=timeout)
+    def up(self, timeout: float = 900) -> None:
+        """The README's `docker compose up --build -d`, then wait until the API and every
+        worker container is healthy."""
+        self.compose("up", "--build", "-d", timeout=timeout)
         for container in [*self.running("api"), *self.running("worker")]:
             self.wait_healthy(container)
 

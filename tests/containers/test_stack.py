@@ -1,6 +1,8 @@
-"""The compose stack as a user runs it (issue 17, item 2; the README's deployment
-section): `up --build`, the first token made in the API container, the example
-workflows admitted over HTTP and completed, workers scaled to three."""
+"""The compose stack as a user runs it (issue 17, item 2), by the commands of the
+README's deployment section: `up --build -d` (the `stack` fixture) with a workflow
+folder of one's own (FENCEPOST_WORKFLOWS_DIR, FENCEPOST_WORKFLOWS), the first token made
+in the API container, the example workflows admitted over HTTP and completed, workers
+scaled to three, `down -v --remove-orphans` (the `project` fixture; test_teardown.py)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ def test_a_trigger_token_admits_the_example_workflows_and_they_complete(stack: S
         "workflowId": "charge-order", "executionId": "no-token", "params": {"order_id": 1}})
     assert anonymous.status_code == 401, anonymous.text
 
-    orders = [f"order-{i}" for i in range(5)]
-    for i, execution_id in enumerate(orders, start=1):
+    # The README's curl, then a few more with a shorter cancel window.
+    admit(trigger, "charge-order", "order-42", {"order_id": 42})
+    orders = ["order-42"] + [f"order-{i}" for i in range(5)]
+    for i, execution_id in enumerate(orders[1:], start=1):
         admit(trigger, "charge-order", execution_id,
               {"order_id": i, "cancel_window_seconds": 0.2})
     # team_flows, from the mounted workflow folder.
