@@ -15,6 +15,8 @@ will leave it). One answer per record, the first rule of RULES that holds:
 | `no-worker` | due, but no live worker runs this workflow | start a worker with this workflow |
 | `due` | due, waiting for a free worker | add workers or concurrency if it lasts |
 
+Once a cancel is pending, every answer also says `cancelRequested: true`.
+
 The rules are written once, as data; the API and the dashboard's page ask
 `blocked_by` (Python), the dashboard's listing filters with `reason_sql`
 (SQL), and both are read off the same table. Each condition below knows how
@@ -25,7 +27,6 @@ so `CASE WHEN` and Python's `if` take the same branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from app.schema import TERMINAL_STATUSES
 
@@ -181,19 +182,16 @@ def blocked_by(row: dict, live_workflows: set[str] | None) -> dict | None:
     reason = reason_of(row, live_workflows)
     if reason == NONE:
         return None
-    return {"reason": reason, **_DETAILS[reason](row)}
-
-
-def _leased(row: dict) -> dict[str, Any]:
-    answer = {"owner": row["lease_owner"], "until": row["lease_expires_at"]}
+    answer = {"reason": reason, **_DETAILS[reason](row)}
     if row["cancel_requested_at"] is not None:
+        # Not yet ended: its cleanup is running or waits for a delivery.
         answer["cancelRequested"] = True
     return answer
 
 
 _DETAILS = {
     "parked": lambda row: {"parkedReason": row["parked_reason"], "step": row["parked_step"]},
-    "leased": _leased,
+    "leased": lambda row: {"owner": row["lease_owner"], "until": row["lease_expires_at"]},
     "lease-expired": lambda row: {"since": row["last_unacknowledged_at"],
                                   "until": row["redeliver_after"]},
     "redelivery-delay": lambda row: {"until": row["redeliver_after"]},

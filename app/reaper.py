@@ -34,7 +34,8 @@ class LeaseReaper:
 
     async def run_once(self) -> ReapResult:
         """Reap until a batch comes back short; returns the leases ended.
-        Then time out unheld executions past their deadline."""
+        Then end the unheld executions a cancel or the deadline left with no
+        cleanup to run (see ExecutionStore.sweep_interrupted)."""
         ids: list[str] = []
         while True:
             result = await self.store.reap_expired(self.batch)
@@ -42,7 +43,7 @@ class LeaseReaper:
             ids.extend(result.execution_ids)
             if result.expired < self.batch:
                 break
-        while len(await self.store.sweep_deadlines(self.batch)) == self.batch:
+        while len(await self.store.sweep_interrupted(self.batch)) == self.batch:
             pass
         return ReapResult(len(ids), ids)
 

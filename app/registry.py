@@ -50,6 +50,10 @@ class WorkflowDefinition:
     version: str | None = None
     # Default bound of each step attempt (seconds); `ctx.step(timeout=)` overrides.
     step_timeout: float | None = None
+    # Seconds the code may run its cleanup (`except Cancelled:`, `finally:`)
+    # after a cancel request or the deadline; None: the worker's
+    # FENCEPOST_CANCEL_GRACE_SECONDS. 0: no cleanup delivery at all.
+    cancel_grace: float | None = None
     # Signal name -> the roles that may send it (any of them); signals not
     # named here may be sent by any token allowed to signal the execution.
     signal_roles: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -68,6 +72,9 @@ class WorkflowDefinition:
 
 _registry: dict[str, WorkflowDefinition] = {}
 
+# A cleanup window longer than a day is a mistake, not a policy.
+MAX_CANCEL_GRACE = 86400.0
+
 
 class WorkflowRegistrationError(ValueError):
     pass
@@ -77,10 +84,14 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timeout: float | timedelta | None = None, schedule: str | None = None,
              timezone: str | None = None, version: str | None = None,
              step_timeout: float | timedelta | None = None,
+             cancel_grace: float | timedelta | None = None,
              signals: Mapping[str, str | Iterable[str]] | None = None):
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
     `step_timeout`: the default bound of each step attempt (StepTimeout past it).
+    `cancel_grace`: how long cleanup code may run once a cancel is requested or
+    the deadline passes (default: the worker's FENCEPOST_CANCEL_GRACE_SECONDS;
+    0: none, the execution ends at once).
     `schedule`: a five-field cron expression (see app.cron) evaluated in
     `timezone` (IANA name, default UTC); workers running this workflow admit
     each slot once, as `{workflow_id}~{slot in UTC}`, with params {}.
@@ -105,6 +116,13 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
     if step_timeout_seconds is not None and not step_timeout_seconds > 0:
         raise WorkflowRegistrationError(f"step_timeout= of {workflow_id!r} must be positive")
 
+    cancel_grace_seconds = (
+        cancel_grace.total_seconds() if isinstance(cancel_grace, timedelta) else cancel_grace
+    )
+    if cancel_grace_seconds is not None and not 0 <= cancel_grace_seconds <= MAX_CANCEL_GRACE:
+        raise WorkflowRegistrationError(
+            f"cancel_grace= of {workflow_id!r} must be between 0 and {MAX_CANCEL_GRACE:g} seconds")
+
     signal_roles = _signal_roles(workflow_id, signals)
 
     if schedule is not None or timezone is not None:
@@ -127,6 +145,7 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
             workflow_id, fn, params, fn.__module__, timeout_seconds,
             schedule=schedule, timezone=timezone, version=version,
             step_timeout=step_timeout_seconds, signal_roles=signal_roles,
+            cancel_grace=cancel_grace_seconds,
         )
         return fn
 

@@ -10,6 +10,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -79,6 +80,9 @@ executions = Table(
     # {"signal": name}; read by blockedBy.
     Column("waiting_on", JSONB, nullable=True),
     Column("deadline", DateTime(timezone=True), nullable=True),
+    # Seconds cleanup code may run after a cancel request or the deadline
+    # (fencepost_cleanup_ends); each claim writes the claiming code's value.
+    Column("cleanup_seconds", Float, nullable=False, server_default=text("30")),
     # Late observations that disagreed with what was recorded (never applied).
     Column("integrity_conflicts", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(
@@ -112,6 +116,15 @@ Index(
     "ix_executions_deadline",
     executions.c.deadline,
     postgresql_where=text("deadline IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"),
+)
+# The sweep's other half: unheld executions with a cancel pending (their
+# cleanup delivery not yet taken when the window closes).
+Index(
+    "ix_executions_cancel_pending",
+    executions.c.cancel_requested_at,
+    postgresql_where=text(
+        "cancel_requested_at IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"
+    ),
 )
 # Children of a parent: woken on their end, cancelled with it.
 Index(

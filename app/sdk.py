@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
@@ -134,7 +134,9 @@ class ReplayError(Exception):
 
 class Suspend(BaseException):
     """Internal: the delivery acknowledges `suspended` (sleep, signal wait).
-    A BaseException so `except Exception` in workflow code cannot swallow it."""
+    A BaseException so `except Exception` in workflow code cannot swallow it;
+    once raised, every later ctx call raises it again, so a `finally:` block
+    runs no step while the code suspends (it runs when the code really ends)."""
 
 
 class Cancelled(BaseException):  # noqa: N818 - named for what happened
@@ -292,9 +294,11 @@ class WorkflowContext:
         self.attempt: int = delivery.lease.token
         self.deadline: datetime | None = delivery.deadline
         self.suspended_on: dict | None = None
-        # "cancel" / "deadline", learned from a fenced write or a renewal;
-        # raised into the workflow once, at its next step.
-        self.interrupt: str | None = None
+        # "cancel" / "deadline", known at the claim (a cleanup delivery) or
+        # learned from a fenced write or a renewal; raised into the workflow
+        # once, at its first call that is not a replay (the frontier), and
+        # again at any wait after that (cleanup cannot wait).
+        self.interrupt: str | None = delivery.interrupt
         self._interrupt_raised = False
         # The latch: once set (the lease was lost, the database failed, the
         # worker stopped the delivery), every ctx call raises DeliveryStopped
@@ -319,12 +323,29 @@ class WorkflowContext:
             self.stopped = reason
         self.lease_lost = self.lease_lost or lease_lost
 
-    def _gate(self) -> None:
-        """At every ctx call: stop if the delivery is stopped; raise a pending
-        cancel or deadline into the workflow once."""
+    def _live(self) -> None:
+        """At every ctx call, replays included: stop if the delivery is
+        stopped; keep suspending if it is suspending (a `finally:` or a
+        concurrent branch runs nothing on the way out)."""
         if self.stopped is not None:
             raise DeliveryStopped(self.stopped)
-        if self.interrupt and not self._interrupt_raised:
+        if self.suspended_on is not None:
+            raise Suspend("the delivery is suspending")
+
+    def _suspend(self, on: dict, why: str) -> NoReturn:
+        """End this delivery `suspended`, waiting on `on` (the first wait to
+        suspend stands)."""
+        self._gate(wait=True)
+        if self.suspended_on is None:
+            self.suspended_on = on
+        raise Suspend(why)
+
+    def _gate(self, *, wait: bool = False) -> None:
+        """Before anything new runs (the frontier): stop if the delivery is
+        stopped; raise a pending cancel or deadline into the workflow, once -
+        or again, at a wait (`wait`): cleanup code cannot wait."""
+        self._live()
+        if self.interrupt and (wait or not self._interrupt_raised):
             self._interrupt_raised = True
             if self.interrupt == "cancel":
                 raise Cancelled("cancellation was requested")
@@ -337,11 +358,12 @@ class WorkflowContext:
         """Run `fn` once and record its JSON result; on replay return the record.
         `timeout` (default: the workflow's `step_timeout`) bounds each attempt:
         an attempt that overruns raises StepTimeout into the retry policy."""
-        self._gate()
+        self._live()
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
             return self._replay(recorded)
+        self._gate()
         policy = retry or NO_RETRY
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if limit is None:
@@ -414,11 +436,12 @@ class WorkflowContext:
         exception is the remote side's known answer (a failed step); with
         `retry=RetryPolicy(...)` such a known failure is retried by the policy
         with the same idempotency key before the step fails."""
-        self._gate()
+        self._live()
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
             return self._replay(recorded)
+        self._gate()
         wanted = idempotency_key or f"{self.execution_id}:{key}"
         attempt = await self._fenced(
             self._store.begin_effect(self._lease, key, idempotency_key=wanted, function_name=name),
@@ -479,13 +502,14 @@ class WorkflowContext:
         holder is rolled back (LeaseLost) before it can commit anything. On
         replay the recorded result is returned and `fn` does not run. This is
         the exactly-once path for data in fencepost's own Postgres."""
-        self._gate()
+        self._live()
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"transaction {key!r}: fn must be an async function taking a connection")
         name = _function_name(fn)
         recorded = self._take(key, name)
         if recorded is not None:
             return self._replay(recorded)
+        self._gate()
         policy = retry or NO_RETRY
         attempt = conflicts = 0
         while True:
@@ -525,10 +549,11 @@ class WorkflowContext:
         recorded one, whatever form it was started under). An `execution_id`
         taken by an unrelated execution fails the step (StepFailed,
         ExecutionIdConflict)."""
-        self._gate()
+        self._live()
         recorded = self._take(key, f"child:{workflow_id}")
         if recorded is not None:
             return self._replay(recorded)
+        self._gate()
         child_id = execution_id or f"{self.execution_id}{SYSTEM_ID_SEPARATOR}{key}"
         definition = self._workflows.get(workflow_id)
         if definition is not None:
@@ -561,10 +586,12 @@ class WorkflowContext:
     async def wait_for_child(self, key: str, child_id: str) -> Any:
         """The child's result once it has ended (recorded as step `key`); the
         delivery suspends until then (the child's end wakes this execution).
-        A child that failed, was cancelled or timed out raises ChildFailed."""
-        self._gate()
+        A child that failed, was cancelled or timed out raises ChildFailed.
+        While it runs, a cancel or the deadline is raised here."""
+        self._live()
         recorded = self._take(key, "child-wait")
         if recorded is None:
+            self._gate()
             status, outcome = await self._fenced(self._store.child_status(child_id), key)
             if status is None:
                 error = {"name": "ChildNotFound", "message": f"no execution {child_id!r}"}
@@ -576,8 +603,7 @@ class WorkflowContext:
                          "childStatus": status, "childError": (outcome or {}).get("error", {})}
                 recorded = await self._record(key, "child-wait", 1, error=error)
             else:
-                self.suspended_on = {"child": child_id}
-                raise Suspend(f"waiting for child {child_id!r}")
+                self._suspend({"child": child_id}, f"waiting for child {child_id!r}")
         self.notice(recorded.interrupt)
         self._steps[key] = recorded
         if recorded.status == "failed" and (recorded.error or {}).get("name") == "ChildFailed":
@@ -587,8 +613,10 @@ class WorkflowContext:
 
     async def sleep(self, key: str, duration: float | timedelta) -> None:
         """A durable timer: the wake time (database clock) is recorded as step
-        `key`; the delivery suspends and a later one continues once it is due."""
-        self._gate()
+        `key`; the delivery suspends and a later one continues once it is due.
+        A sleep that would end past the deadline ends at the deadline, with
+        DeadlineExceeded raised here."""
+        self._live()
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
         if seconds < 0:
             raise ValueError(f"sleep {key!r}: duration must not be negative")
@@ -597,7 +625,7 @@ class WorkflowContext:
     async def sleep_until(self, key: str, when: datetime) -> None:
         if when.tzinfo is None:
             raise ValueError(f"sleep_until {key!r}: give a timezone-aware datetime")
-        self._gate()
+        self._live()
         await self._timer(key, until=when)
 
     async def wait_for_signal(self, name: str, timeout: float | timedelta | None = None, *,
@@ -608,8 +636,10 @@ class WorkflowContext:
         `timeout`, raises SignalTimeout (recorded, so replays agree).
         `with_sender=True` returns a ReceivedSignal (.payload, .sender: who sent
         it, a SignalSender, or None for a signal stored before senders were
-        recorded); the step records both, so replays return the same."""
-        self._gate()
+        recorded); the step records both, so replays return the same. A wait that
+        reaches past the deadline ends at the deadline, with DeadlineExceeded
+        raised here."""
+        self._live()
         generated = key is None
         if generated:
             n = self._signal_waits[name] = self._signal_waits.get(name, 0) + 1
@@ -618,6 +648,7 @@ class WorkflowContext:
         timer_key = f"{key}:timeout"
         recorded = self._take(key, fname, generated=generated)
         if recorded is None:
+            self._gate()
             recorded = await self._fenced(
                 self._store.consume_signal(self._lease, key, name, with_sender=with_sender), key)
         if recorded is not None:
@@ -635,8 +666,7 @@ class WorkflowContext:
                 error = {"name": "SignalTimeout", "message": f"no signal {name!r} arrived in time"}
                 return self._replay_signal(await self._record(key, fname, 1, error=error), name,
                                            with_sender)
-        self.suspended_on = {"signal": name, "until": wake_at}
-        raise Suspend(f"waiting for signal {name!r}")
+        self._suspend({"signal": name, "until": wake_at}, f"waiting for signal {name!r}")
 
     # -------------------------------------------------------------- internals
 
@@ -823,15 +853,17 @@ class WorkflowContext:
                      until: datetime | None = None) -> None:
         wake_at = await self._timer_due_at(key, delay=delay, until=until)
         if wake_at is not None:
-            self.suspended_on = {"sleep": key, "until": wake_at}
-            raise Suspend(f"sleeping until {wake_at.isoformat()}")
+            self._suspend({"sleep": key, "until": wake_at},
+                          f"sleeping until {wake_at.isoformat()}")
 
     async def _timer_due_at(self, key: str, *, delay: float | None = None,
                             until: datetime | None = None,
                             generated: bool = False) -> datetime | None:
         """Record (or read) timer `key`; None when it is due, else its wake time,
         for which a wake has been requested. Due-ness is judged on the
-        database clock only."""
+        database clock only. A timer still running is a wait: a pending cancel
+        or deadline is raised here (and the suspension's acknowledgement makes
+        the execution due at the deadline at the latest)."""
         recorded = self._take(key, "sleep", generated=generated)
         if recorded is not None:
             wake_at = datetime.fromisoformat(recorded.value)
@@ -839,15 +871,15 @@ class WorkflowContext:
                 return None
             now = await self._fenced(self._store.db_now(), key)
         else:
+            # A new timer is a wait: cleanup code may not start one.
+            self._gate(wait=True)
             wake_at, now, interrupt = await self._fenced(
                 self._store.record_timer(self._lease, key, delay_seconds=delay, until=until), key
             )
             self.notice(interrupt)
-            self._gate()
         if wake_at <= now:
             return None
-        if self.deadline is not None and wake_at > self.deadline:
-            raise DeadlineExceeded(f"timer {key!r} would end after the execution's deadline")
+        self._gate(wait=True)
         # Unfenced: a stale holder's extra wake costs at most one extra delivery.
         await self._fenced(self._store.request_wake(self.execution_id, wake_at), key)
         return wake_at

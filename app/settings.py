@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         description="Age (since last update) after which terminal executions are deleted; "
         "seconds or ISO 8601 (P14D).",
     )
+    cancel_grace_seconds: float = Field(
+        30.0, ge=0, le=86400,
+        description="How long workflow cleanup (`except Cancelled:`, `finally:`) may run after a "
+        "cancel request or the deadline, for workflows without `@workflow(cancel_grace=)`; "
+        "0: none, the execution ends at once.",
+    )
     connect_timeout_seconds: float = Field(5.0, gt=0, description="Longest a connection attempt may take.")
     schedule_catch_up: int = Field(
         1, ge=1, le=1000,

@@ -175,8 +175,13 @@ class WorkflowEnvironment:
             raise RuntimeError(f"signal {name!r} to {execution_id!r} not delivered: {answer} {detail}")
 
     async def cancel(self, execution_id: str) -> Any:
-        """Request cancellation, as `POST /v1/executions/{id}/cancel` does."""
+        """Request cancellation, as `POST /v1/executions/{id}/cancel` does:
+        the workflow's cleanup runs in the environment's worker."""
         return await self.store.request_cancel(execution_id, by="test")
+
+    async def terminate(self, execution_id: str) -> Any:
+        """Cancel with no code run, as `POST /v1/executions/{id}/terminate` does."""
+        return await self.store.terminate(execution_id, by="test")
 
     async def get(self, execution_id: str) -> dict:
         record = await self.store.get(execution_id)

@@ -73,7 +73,7 @@ class Running:
     lost: bool = False
     ctx: WorkflowContext | None = None
     # "cancel" / "deadline": the worker stopped the delivery because its code
-    # did not reach a step boundary before the lease it may no longer renew.
+    # did not finish before its cleanup window closed.
     forced: str | None = None
     enforcing: asyncio.TimerHandle | None = None
     # The final write, once started: the drain waits for it, never releases under it.
@@ -253,6 +253,11 @@ class Worker:
     async def _claimer(self) -> None:
         backoff = Backoff()
         workflow_ids = sorted(self.workflows)
+        # Each workflow's cleanup window in this worker's code, written on
+        # the rows it claims (the store bounds cleanup deliveries with it).
+        cleanup_seconds = [self.workflows[w].cancel_grace
+                           if self.workflows[w].cancel_grace is not None
+                           else self.settings.cancel_grace_seconds for w in workflow_ids]
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             if 0 < free < self.concurrency:
@@ -264,7 +269,8 @@ class Worker:
             if free > 0:
                 try:
                     deliveries = await self.store.claim_due(
-                        free, self.settings.lease_seconds, self.worker_id, workflow_ids
+                        free, self.settings.lease_seconds, self.worker_id, workflow_ids,
+                        cleanup_seconds,
                     )
                     backoff.reset()
                 except Exception as exc:
@@ -329,7 +335,11 @@ class Worker:
             self._lose(stale)
         task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
-        self._running[eid] = Running(delivery.lease, task)
+        running = self._running[eid] = Running(delivery.lease, task)
+        if delivery.interrupt is not None and delivery.cleanup_ends is not None:
+            # A cleanup delivery: bounded by its window from the start.
+            self._bound(running, Interrupt(
+                delivery.interrupt, (delivery.cleanup_ends - delivery.claimed_at).total_seconds()))
 
         def finished(_: asyncio.Task) -> None:
             METRICS.delivery_seconds.observe(time.perf_counter() - started)
@@ -397,14 +407,14 @@ class Worker:
             await self._finish(lease, "retry", error=error_of(exc))
         except (DeliveryStopped, asyncio.CancelledError) as exc:
             if running is not None and running.forced:
-                # Stopped by this worker as its lease ran out after a cancel
-                # or the deadline (the code's `finally:` may have met the
+                # Stopped by this worker as its cleanup window closed after a
+                # cancel or the deadline (the code's `finally:` may have met the
                 # latch meanwhile): the fenced acknowledgement says so.
                 kind = "cancelled" if running.forced == "cancel" else "timed_out"
                 await self._finish(lease, kind, error={
                     "name": "Cancelled" if kind == "cancelled" else "DeadlineExceeded",
-                    "message": "the workflow code did not reach its next step before its "
-                               f"lease ran out after the {running.forced}",
+                    "message": "the workflow code did not finish before its cleanup window "
+                               f"closed after the {running.forced}",
                 })
                 return
             if isinstance(exc, DeliveryStopped):
@@ -542,10 +552,11 @@ class Worker:
 
     def _bound(self, running: Running, interrupt: Interrupt) -> None:
         """A cancel was requested or the deadline passed: the code meets it at
-        its next step. The lease is no longer extended; if the code has not
-        finished one renewal interval before the lease lapses (a step that
-        never returns), the delivery is stopped and ended cancelled / timed
-        out through a fenced acknowledgement."""
+        its next step or wait and may clean up until its window closes (the
+        lease is not extended past that); if the code has not finished one
+        renewal interval before then (a step that never returns), the
+        delivery is stopped and ended cancelled / timed out through a fenced
+        acknowledgement."""
         if running.ctx is not None:
             running.ctx.notice(interrupt.kind)
         if running.enforcing is not None:

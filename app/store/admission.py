@@ -300,16 +300,19 @@ class AdmissionStatements:
 
 # Raw statuses a row may have when a read reports it with the healed status
 # (app/store/types.py healed_status_sql): an expired lease heals into
-# admitted/suspended/parked/cancelled/timed_out; the deadline sweep turns an
-# unheld row past its deadline into timed_out. Each alternative is an indexed
-# predicate (ix_executions_status_admitted, ix_executions_lease_expiry,
-# ix_executions_deadline).
+# admitted/suspended/parked/cancelled/timed_out; the sweep turns an unheld row
+# past its deadline into timed_out, one with a cancel pending into cancelled
+# (each a superset: the healed status filters). Each alternative is an
+# indexed predicate (ix_executions_status_admitted, ix_executions_lease_expiry,
+# ix_executions_deadline, ix_executions_cancel_pending).
 _EXPIRED_LEASE = "(status = 'running' AND lease_expires_at <= now())"
 _RAW_STATUSES_FOR = {
     "admitted": f"(status = {{p}} OR {_EXPIRED_LEASE})",
     "suspended": f"(status = {{p}} OR {_EXPIRED_LEASE})",
     "parked": f"(status = {{p}} OR {_EXPIRED_LEASE})",
-    "cancelled": f"(status = {{p}} OR {_EXPIRED_LEASE})",
+    "cancelled": f"(status = {{p}} OR {_EXPIRED_LEASE} OR "
+                 "(status IN ('admitted', 'suspended', 'parked') "
+                 "AND cancel_requested_at IS NOT NULL))",
     "timed_out": f"(status = {{p}} OR {_EXPIRED_LEASE} OR "
                  "(status IN ('admitted', 'suspended', 'parked') AND deadline <= now()))",
 }

@@ -11,6 +11,7 @@ from app.store.compose import WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
+    INTERRUPT_SQL,
     NOTIFY_CHANNEL,
     Acknowledged,
     Delivery,
@@ -20,6 +21,13 @@ from app.store.types import (
     LeaseLost,
     ReapResult,
 )
+
+# A suspension acknowledged after a cancel request or the deadline, by code
+# that had not met it, within the cleanup window: the execution stays
+# suspended and is due at once, so the next delivery raises it at the wait.
+_CLEANUP_DUE = """($3 = 'suspended'
+    AND (e.cancel_requested_at IS NOT NULL OR e.deadline <= now())
+    AND fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now())"""
 
 
 class LeaseStatements:
@@ -31,7 +39,8 @@ class LeaseStatements:
     # --------------------------------------------------------------------- leases
 
     async def claim_due(
-        self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None
+        self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
+        cleanup_seconds: list[float] | None = None,
     ) -> list[Delivery]:
         """Lease at most `limit` due executions in one statement.
 
@@ -40,12 +49,20 @@ class LeaseStatements:
         that expiry has passed). FOR UPDATE SKIP LOCKED makes concurrent claims
         take disjoint rows, so an execution never has two live leases; the
         token increment makes every earlier holder stale. `workflow_ids`
-        limits the claim to workflows the caller can run (None: any).
+        limits the claim to workflows the caller can run (None: any);
+        `cleanup_seconds` (parallel to it) is each one's cleanup window in the
+        caller's code, written on the claimed rows (None: keep the stored one).
+
+        An execution whose cancel was requested or whose deadline passed is
+        claimed only if it has run before (token > 0) and its cleanup window
+        is open: that delivery raises Cancelled / DeadlineExceeded where the
+        code waits (Delivery.interrupt). The lease never reaches past the
+        window's end.
         """
         if limit <= 0:
             return []
         rows = await self.pool.fetch(
-            """
+            f"""
             WITH due AS (
                 SELECT execution_id, 'due'::text AS how, NULL::text AS old_owner,
                        NULL::timestamptz AS old_expiry
@@ -53,8 +70,11 @@ class LeaseStatements:
                 WHERE status IN ('admitted', 'suspended') AND due_at <= now()
                   AND (redeliver_after IS NULL OR redeliver_after <= now())
                   AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
-                  -- Cancelled and timed-out ends are the reaper's to write.
-                  AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
+                  -- Not interrupted, or a cleanup delivery within its window;
+                  -- the other cancelled and timed-out ends are the sweep's.
+                  AND ((cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now()))
+                       OR (token > 0 AND fencepost_cleanup_ends(cancel_requested_at, deadline,
+                                                                cleanup_seconds) > now()))
                 ORDER BY due_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED
@@ -75,14 +95,23 @@ class LeaseStatements:
                 FOR UPDATE SKIP LOCKED
             ), picked AS (
                 SELECT * FROM due UNION ALL SELECT * FROM expired LIMIT $1
+            ), graces AS (
+                SELECT * FROM unnest($6::text[], $8::float8[]) AS g(workflow_id, seconds)
             ), claimed AS (
                 UPDATE executions e
                 SET status = 'running',
                     token = e.token + 1,
                     lease_owner = $3,
-                    -- A lease never reaches past the execution's deadline.
+                    cleanup_seconds = coalesce(
+                        (SELECT seconds FROM graces g WHERE g.workflow_id = e.workflow_id),
+                        e.cleanup_seconds),
+                    -- A lease never reaches past the end of the cleanup window
+                    -- (the code's cleanup window, as just written).
                     lease_expires_at = least(now() + make_interval(secs => $2),
-                                             coalesce(e.deadline, 'infinity')),
+                        coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                            coalesce((SELECT seconds FROM graces g
+                                      WHERE g.workflow_id = e.workflow_id),
+                                     e.cleanup_seconds)), 'infinity')),
                     -- A lease taken over after expiry ended unacknowledged: it
                     -- counts, and its covered wakes are covered again.
                     unacknowledged_deliveries =
@@ -101,7 +130,9 @@ class LeaseStatements:
                 RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
                           e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
                           e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
-                          now() AS claimed_at
+                          now() AS claimed_at, {INTERRUPT_SQL},
+                          fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                                                 e.cleanup_seconds) AS cleanup_ends
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'lease_expired', token - 1,
@@ -120,6 +151,7 @@ class LeaseStatements:
             self.redelivery_cap,
             workflow_ids,
             self.max_unacknowledged,
+            cleanup_seconds,
         )
         return [
             Delivery(
@@ -134,6 +166,8 @@ class LeaseStatements:
                 code_version=r["code_version"],
                 claimed_at=r["claimed_at"],
                 taken_over=r["how"] == "expired",
+                interrupt=r["interrupt"],
+                cleanup_ends=r["cleanup_ends"],
             )
             for r in rows
         ]
@@ -152,8 +186,8 @@ class LeaseStatements:
         self, leases: list[Lease], duration: float
     ) -> tuple[list[Lease], list[Lease], dict[str, Interrupt]]:
         """As `renew`, plus the renewed leases whose holder should stop:
-        {execution_id: Interrupt(kind "cancel" | "deadline", seconds the
-        lease has left)}. Such a lease is no longer extended."""
+        {execution_id: Interrupt(kind "cancel" | "deadline", seconds left of
+        the cleanup window)}. Such a lease is not extended past the window."""
         if not leases:
             return [], [], {}
         rows = await self.pool.fetch(
@@ -169,16 +203,13 @@ class LeaseStatements:
                 FOR NO KEY UPDATE OF e SKIP LOCKED
             ), renewed AS (
                 UPDATE executions e
-                -- Bounded even when the holder's code never returns: once a
-                -- cancel is requested the lease is not extended (the holder
-                -- has what is left of it to clean up), and it never reaches
-                -- past the deadline; a wedged holder's lease then lapses and
-                -- the reaper ends the execution.
-                SET lease_expires_at = CASE
-                        WHEN e.cancel_requested_at IS NOT NULL THEN e.lease_expires_at
-                        ELSE least(now() + make_interval(secs => $3),
-                                   coalesce(e.deadline, 'infinity'))
-                    END
+                -- Bounded even when the holder's code never returns: a lease
+                -- never reaches past the end of the cleanup window after a
+                -- cancel request or the deadline; a wedged holder's lease
+                -- then lapses and the reaper ends the execution.
+                SET lease_expires_at = least(now() + make_interval(secs => $3),
+                        coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                                                        e.cleanup_seconds), 'infinity'))
                 FROM held h
                 -- Current token and a lease not ended by acknowledge, release
                 -- or the reaper; the row lock makes check and write one.
@@ -188,7 +219,9 @@ class LeaseStatements:
                 RETURNING e.execution_id, e.token, e.lease_expires_at,
                           CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
                                WHEN e.deadline <= now() THEN 'deadline' END AS interrupt,
-                          extract(epoch FROM e.lease_expires_at - now())::float8 AS remaining
+                          extract(epoch FROM fencepost_cleanup_ends(
+                              e.cancel_requested_at, e.deadline, e.cleanup_seconds)
+                              - now())::float8 AS remaining
             ), ev AS (
                 -- Lost to a newer claim or to the reaper; a lease this holder
                 -- has just ended itself (acknowledged: same token, counter 0;
@@ -304,7 +337,9 @@ class LeaseStatements:
 
         A pending cancel request wins over anything the holder reports (once
         requested, `completed` is never recorded), and a passed deadline turns
-        the acknowledgement into `timed_out`."""
+        the acknowledgement into `timed_out` - except a suspension by code
+        that had not yet met the cancel or deadline: within the cleanup
+        window it is made due at once, for the delivery that runs cleanup."""
         if status == "completed":
             outcome: dict | None = {"result": result}
         elif status in ("failed", "cancelled", "timed_out"):
@@ -320,20 +355,26 @@ class LeaseStatements:
                     -- The UPDATE locks the row, so the token check and the write
                     -- are one step: no claim can land between them.
                     UPDATE executions e
-                    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                    SET status = CASE WHEN {_CLEANUP_DUE} THEN 'suspended'
+                                      WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
                                       WHEN e.deadline <= now() AND $3 <> 'cancelled'
                                       THEN 'timed_out'
                                       ELSE $3 END,
-                        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL
+                        outcome = CASE WHEN {_CLEANUP_DUE} THEN NULL
+                                       WHEN e.cancel_requested_at IS NOT NULL
                                        THEN {CANCELLED_OUTCOME}
                                        WHEN e.deadline <= now() AND $3 <> 'cancelled'
                                        THEN {TIMED_OUT_OUTCOME}
                                        ELSE $4 END,
                         ever_suspended = e.ever_suspended OR $3 = 'suspended',
                         waiting_on = CASE WHEN $3 = 'suspended' THEN $6::jsonb END,
-                        due_at = CASE WHEN $3 = 'suspended' AND e.cancel_requested_at IS NULL
+                        -- A wait ends at the deadline at the latest: the
+                        -- execution is due then, and that delivery raises
+                        -- DeadlineExceeded where the code waits.
+                        due_at = CASE WHEN {_CLEANUP_DUE} THEN now()
+                                      WHEN $3 = 'suspended' AND e.cancel_requested_at IS NULL
                                        AND (e.deadline IS NULL OR e.deadline > now())
-                                      THEN e.due_at END,
+                                      THEN least(e.due_at, e.deadline) END,
                         covered_due_at = NULL,
                         lease_owner = NULL,
                         lease_expires_at = NULL,

@@ -22,16 +22,32 @@ class OperatorStatements:
 
     async def request_cancel(self, execution_id: str, by: str) -> tuple[CancelAnswer, str | None]:
         """Request-first cancellation: the request is persisted (with an event)
-        before anyone acts on it. An execution nobody holds (no live lease) is
-        cancelled at once; a held one keeps running until its holder sees the
-        request at its next fenced write or renewal. The request reaches every
-        unfinished descendant (child workflows) in the same statement.
+        before anyone acts on it, and reaches every unfinished descendant
+        (child workflows) in the same statement. Each execution then:
+        - held by a worker: keeps running; its code meets `Cancelled` at its
+          next step or wait and may clean up until its window closes;
+        - unheld, has run before, with a cleanup window: is made due at once,
+          and its next delivery raises `Cancelled` where the code waits;
+        - never ran, parked, or without a window (`cancel_grace=0`): is
+          cancelled at once.
+        `cancelled` is recorded whatever the cleanup code returns.
         Returns (answer, status) for `execution_id`."""
+        return await self._end_tree(execution_id, by, terminate=False)
+
+    async def terminate(self, execution_id: str, by: str) -> tuple[CancelAnswer, str | None]:
+        """Cancel with no code run: the execution and its unfinished
+        descendants are cancelled at once, held or not. A holder's later
+        writes are refused (its lease ended), so no cleanup step is recorded.
+        For when the cleanup itself is what is stuck."""
+        return await self._end_tree(execution_id, by, terminate=True)
+
+    async def _end_tree(self, execution_id: str, by: str, *,
+                        terminate: bool) -> tuple[CancelAnswer, str | None]:
         # Cancel locks top-down, a child's end bottom-up: a deadlock between
         # them is rare and the whole request is safe to repeat (it is
         # idempotent), so the transaction is retried as a whole.
         row = await self.pool.run_in_transaction(
-            lambda conn: self._cancel_tree(conn, execution_id, by))
+            lambda conn: self._cancel_tree(conn, execution_id, by, terminate))
         if row is not None:
             return ("cancelled" if row["status"] == "cancelled" else "requested"), row["status"]
         status = await self.pool.fetchval(
@@ -39,8 +55,16 @@ class OperatorStatements:
         )
         return ("not_found", None) if status is None else ("terminal", status)
 
-    async def _cancel_tree(self, conn: asyncpg.Connection, execution_id: str, by: str):
-        held = "e.status = 'running' AND e.lease_expires_at > now()"
+    async def _cancel_tree(self, conn: asyncpg.Connection, execution_id: str, by: str,
+                           terminate: bool):
+        # Who keeps running after the request ($3: terminate, nobody):
+        # a holder, until its window closes; an unheld execution that has run
+        # before (token > 0) and whose cleanup window is open, made due now.
+        held = "(NOT $3 AND e.status = 'running' AND e.lease_expires_at > now())"
+        cleans = ("(NOT $3 AND e.status IN ('admitted', 'suspended') AND e.token > 0"
+                  " AND fencepost_cleanup_ends(coalesce(e.cancel_requested_at, now()),"
+                  " e.deadline, e.cleanup_seconds) > now())")
+        stays = f"({held} OR {cleans})"
         # Lock the root first, then find the descendants in a new
         # snapshot: a child whose start is waiting on this row either
         # committed before (and is found) or sees the request and
@@ -61,28 +85,31 @@ class OperatorStatements:
                 UPDATE executions e
                 SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
                     cancel_requested_by = coalesce(e.cancel_requested_by, $2),
-                    status = CASE WHEN {held} THEN 'running' ELSE 'cancelled' END,
-                    outcome = CASE WHEN {held} THEN NULL
+                    status = CASE WHEN {stays} THEN e.status ELSE 'cancelled' END,
+                    outcome = CASE WHEN {stays} THEN NULL
                                    ELSE jsonb_build_object('error', jsonb_build_object(
                                        'name', 'Cancelled',
-                                       'message', 'cancelled at the request of '
+                                       'message', CASE WHEN $3 THEN 'terminated' ELSE 'cancelled'
+                                                  END || ' at the request of '
                                                   || coalesce(e.cancel_requested_by, $2),
                                        'requestedAt', coalesce(e.cancel_requested_at, now())))
                               END,
                     lease_owner = CASE WHEN {held} THEN e.lease_owner END,
                     lease_expires_at = CASE WHEN {held} THEN e.lease_expires_at END,
-                    due_at = CASE WHEN {held} THEN e.due_at END,
+                    -- The cleanup delivery is due now, past any redelivery delay.
+                    due_at = CASE WHEN {held} THEN e.due_at WHEN {cleans} THEN now() END,
                     covered_due_at = CASE WHEN {held} THEN e.covered_due_at END,
                     parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
                     updated_at = now()
                 FROM tree
                 WHERE e.execution_id = tree.execution_id AND e.status NOT IN {_TERMINAL_SQL}
-                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.due_at
             ), {WAKE_PARENTS.format(ended="c")}, ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'cancel_requested', token,
                        jsonb_strip_nulls(jsonb_build_object(
                            'by', $2::text,
+                           'terminate', CASE WHEN $3 THEN true END,
                            'parentExecutionId', CASE WHEN execution_id <> $1
                                                      THEN parent_execution_id END))
                 FROM c
@@ -91,11 +118,14 @@ class OperatorStatements:
                 FROM c WHERE status = 'cancelled'
             )
             SELECT status,
-                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke
+                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
+                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM c
+                    WHERE due_at <= now()) AS due
             FROM c WHERE execution_id = $1
             """,
             execution_id,
             by,
+            terminate,
         )
 
     async def resolve_step(

@@ -4,8 +4,10 @@ would end after it), or too many unacknowledged deliveries in a row (poison).
 
 `settle` runs inside the transaction that ended a lease without an
 acknowledgement (release, reaper), so the record never shows a state in
-which it could be claimed once more. `sweep_deadlines` ends unheld
-executions whose deadline passed while they slept, waited or were parked.
+which it could be claimed once more: a delivery that ran after a cancel or
+the deadline (its cleanup) gets no second one. `sweep_interrupted` ends
+unheld executions that were cancelled or passed their deadline and can run
+no cleanup: never ran, parked, or their cleanup window closed unclaimed.
 """
 
 from __future__ import annotations
@@ -79,16 +81,26 @@ SELECT execution_id, status,
 FROM s
 """
 
-_SWEEP_DEADLINES = f"""
+# Unheld, interrupted (cancel requested or deadline passed), and no cleanup
+# delivery may run any more: it never ran (nothing to clean up), it is parked,
+# or its cleanup window closed. Over a row aliased `e`.
+SWEPT = """(e.status IN ('admitted', 'suspended', 'parked')
+    AND (e.cancel_requested_at IS NOT NULL OR e.deadline <= now())
+    AND (e.token = 0 OR e.status = 'parked'
+         OR fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds)
+            <= now()))"""
+
+_SWEEP = f"""
 WITH target AS (
-    SELECT execution_id FROM executions
-    WHERE deadline <= now() AND status IN ('admitted', 'suspended', 'parked')
-    ORDER BY deadline
+    SELECT execution_id FROM executions e
+    WHERE {SWEPT}
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), s AS (
     UPDATE executions e
-    SET status = 'timed_out', outcome = {TIMED_OUT_OUTCOME},
+    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'timed_out' END,
+        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
+                       ELSE {TIMED_OUT_OUTCOME} END,
         due_at = NULL, redeliver_after = NULL, parked_reason = NULL, parked_step = NULL,
         updated_at = now()
     FROM target t
@@ -96,7 +108,7 @@ WITH target AS (
     RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
 ), {WAKE_PARENTS.format(ended="s")}, ev AS (
     INSERT INTO execution_events (execution_id, kind, token)
-    SELECT execution_id, 'timed_out', token FROM s
+    SELECT execution_id, status, token FROM s
 )
 SELECT execution_id,
        (SELECT count(pg_notify('fencepost_due', '')) FROM parent_wake) AS woke
@@ -117,9 +129,10 @@ class PolicyStatements:
         rows = await conn.fetch(_SETTLE, execution_ids, self.max_unacknowledged)
         return {r["execution_id"]: r["status"] for r in rows}
 
-    async def sweep_deadlines(self, limit: int = 500) -> list[str]:
-        """Time out unheld executions whose deadline has passed."""
-        rows = await self.pool.fetch(_SWEEP_DEADLINES, limit)
+    async def sweep_interrupted(self, limit: int = 500) -> list[str]:
+        """End unheld executions that were cancelled or passed their deadline
+        and can run no cleanup (SWEPT): `cancelled` or `timed_out`."""
+        rows = await self.pool.fetch(_SWEEP, limit)
         return [r["execution_id"] for r in rows]
 
     async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:

@@ -56,12 +56,18 @@ class Delivery:
     # The claim took over a lease that had expired unacknowledged (a crash,
     # a pause): counted as a lease expiry, like the reaper's.
     taken_over: bool = False
+    # A cleanup delivery: "cancel" (a cancel was requested) or "deadline" (the
+    # deadline passed) - raised into the code at its first step that is not a
+    # replay; and when its cleanup window closes (no code runs after).
+    interrupt: str | None = None
+    cleanup_ends: datetime | None = None
 
 
 @dataclass(frozen=True)
 class Interrupt:
     """A renewal's word to a holder that must stop: `kind` "cancel" or
-    "deadline", and `remaining` seconds until its (no longer extended) lease lapses."""
+    "deadline", and `remaining` seconds until its cleanup window closes (its
+    lease is not extended past that)."""
 
     kind: str
     remaining: float
@@ -123,8 +129,9 @@ _TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
 #   request ends it `cancelled`; a deadline at or before the later of now and
 #   the redelivery time ends it `timed_out`; reaching the poison threshold
 #   parks it (`poison`);
-# * an unheld record (admitted, suspended, parked) past its deadline is timed
-#   out (policy.py's _SWEEP_DEADLINES).
+# * an unheld record (admitted, suspended, parked) that was cancelled or
+#   passed its deadline and can run no cleanup is ended `cancelled` or
+#   `timed_out` (policy.py's SWEPT and _SWEEP).
 #
 # The outcomes are policy.py's own SQL. Each column below is one expression
 # over the raw row (a select list cannot name its own results), generated
@@ -143,8 +150,6 @@ _HEALED_REDELIVER = (
 _CANCEL = "cancel_requested_at IS NOT NULL"
 # policy._PAST_DEADLINE over the reaped row.
 _PAST_DEADLINE = f"coalesce(deadline <= greatest(now(), coalesce({_HEALED_REDELIVER}, now())), false)"
-# The sweep's rule: unheld and past the deadline.
-_SWEPT = "(status IN ('admitted', 'suspended', 'parked') AND coalesce(deadline <= now(), false))"
 
 
 def _outcome_sql(fragment: str) -> str:
@@ -156,12 +161,16 @@ def _outcome_sql(fragment: str) -> str:
 def _settled(threshold: int) -> str:
     """What the reaper writes: 'cancelled' | 'timed_out' | 'parked' (poison),
     'requeued' (lease ended, no rule applies), or NULL (nothing to do)."""
+    # policy.py imports this module (through compose.py): import it late.
+    from app.store.policy import SWEPT
+
     return f"""(CASE WHEN {_EXPIRED} THEN
             CASE WHEN {_CANCEL} THEN 'cancelled'
                  WHEN {_PAST_DEADLINE} THEN 'timed_out'
                  WHEN unacknowledged_deliveries + 1 >= {int(threshold)} THEN 'parked'
                  ELSE 'requeued' END
-         WHEN {_SWEPT} THEN 'timed_out' END)"""
+         WHEN coalesce({_outcome_sql(SWEPT)}, false) THEN
+            CASE WHEN {_CANCEL} THEN 'cancelled' ELSE 'timed_out' END END)"""
 
 
 def healed_status_sql(threshold: int) -> str:

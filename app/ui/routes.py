@@ -92,7 +92,8 @@ assert set(SORT_LABELS) == set(UI_SORTS)
 
 DONE_MESSAGES = {
     "cancelled": "Cancelled.",
-    "cancel-requested": "Cancel requested: the worker holding it stops at its next step.",
+    "cancel-requested": "Cancel requested: its cleanup code runs at its next step or wait, "
+                        "then it ends cancelled.",
     "woken": "Wake requested: it is due now.",
     "wake-ignored": "It has already ended: there is nothing to wake.",
     "resumed": "Resumed: it is due again.",

@@ -54,8 +54,11 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "FENCEPOST_REDELIVERY_CAP_SECONDS": "1",
     "FENCEPOST_SHUTDOWN_GRACE_SECONDS": "5",
     "FENCEPOST_CONNECT_TIMEOUT_SECONDS": "2",
+    # Cleanup after a cancel or the deadline, for workflows without cancel_grace=.
+    "FENCEPOST_CANCEL_GRACE_SECONDS": "2",
 }
 LEASE_SECONDS = float(DEFAULT_SETTINGS["FENCEPOST_LEASE_SECONDS"])
+CANCEL_GRACE_SECONDS = float(DEFAULT_SETTINGS["FENCEPOST_CANCEL_GRACE_SECONDS"])
 
 TERMINAL = ("completed", "failed", "cancelled", "timed_out")
 

@@ -27,6 +27,7 @@ EVENTS = ("GET", "/v1/executions/{id}/events", {})
 STEPS = ("GET", "/v1/executions/{id}/steps", {})
 LATE = ("GET", "/v1/executions/{id}/late-observations", {})
 CANCEL = ("POST", "/v1/executions/{id}/cancel", {})
+TERMINATE = ("POST", "/v1/executions/{id}/terminate", {})
 RESOLVE = ("POST", "/v1/executions/{id}/steps/charge/resolve",
            {"json": {"action": "retry"}})
 RESUME = ("POST", "/v1/executions/{id}/resume", {})
@@ -35,13 +36,14 @@ METRICS = ("GET", "/metrics", {})
 
 ROUTES = {
     "admit": ADMIT, "list": LIST, "get": GET, "wake": WAKE, "signal": SIGNAL,
-    "events": EVENTS, "steps": STEPS, "late": LATE, "cancel": CANCEL, "resolve": RESOLVE,
+    "events": EVENTS, "steps": STEPS, "late": LATE, "cancel": CANCEL,
+    "terminate": TERMINATE, "resolve": RESOLVE,
     "resume": RESUME, "workers": WORKERS, "metrics": METRICS,
 }
 
 FORBIDDEN = {
-    "trigger": {"cancel", "resolve", "resume", "workers", "metrics"},
-    "read": {"admit", "wake", "signal", "cancel", "resolve", "resume"},
+    "trigger": {"cancel", "terminate", "resolve", "resume", "workers", "metrics"},
+    "read": {"admit", "wake", "signal", "cancel", "terminate", "resolve", "resume"},
     "operate": {"admit"},
 }
 

@@ -114,7 +114,9 @@ async def test_parent_wakes_when_its_child_is_cancelled_on_its_own(store, worker
     await wait_until(lambda: waiting_on(store, "par-cc", child_id), what="parent waits")
     await wait_status(store, child_id, "suspended")
 
-    assert await store.request_cancel(child_id, "ops") == ("cancelled", "cancelled")
+    # The child has run: it is delivered once more for its cleanup, then cancelled.
+    assert await store.request_cancel(child_id, "ops") == ("requested", "suspended")
+    await wait_status(store, child_id, "cancelled")
     record = await wait_status(store, "par-cc", "completed", "failed", timeout=5)
 
     failed = record["outcome"]["result"]["children"][0]["failed"]
@@ -146,7 +148,7 @@ async def test_a_childs_end_notifies_idle_workers_of_its_waking_parent(store: Ex
             else:
                 await pool.execute("UPDATE executions SET deadline = now() - interval '1 second'"
                                    " WHERE execution_id = 'p:c'")
-                await store.sweep_deadlines()
+                await store.sweep_interrupted()
             assert (await store.get("p"))["due_at"] is not None  # the parent is due ...
             await asyncio.wait_for(notified.wait(), timeout=2)  # ... and workers are told
         finally:
@@ -177,7 +179,7 @@ async def test_a_childs_end_makes_its_parent_due_in_the_same_statement(store: Ex
     else:
         await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                            "WHERE execution_id = 'p:c'")
-        assert await store.sweep_deadlines() == ["p:c"]
+        assert await store.sweep_interrupted() == ["p:c"]
 
     assert (await store.get("p:c"))["status"] == end
     parent = await store.get("p")
@@ -465,13 +467,14 @@ async def test_cancelling_a_parent_reaches_its_running_children(store, workers, 
 
     response = await api.post("/v1/executions/par-cancel/cancel", json={"by": "ops"})
     assert response.status_code == 202, response.text
-    assert response.json()["status"] == "cancelled"  # suspended: cancelled at once
+    # Suspended, and it has run: delivered once more for its cleanup.
+    assert response.json()["status"] == "suspended"
 
-    # At once: the parent and its sleeping child are cancelled; the leased
-    # child has the request and keeps its lease until its next step.
-    assert (await store.get("par-cancel"))["status"] == "cancelled"
-    asleep = await store.get(sleeping)
-    assert asleep["status"] == "cancelled"
+    # The parent and its sleeping child meet the cancel where they wait and
+    # end cancelled; the leased child has the request and keeps its lease
+    # until its next step.
+    await wait_status(store, "par-cancel", "cancelled")
+    asleep = await wait_status(store, sleeping, "cancelled")
     assert asleep["outcome"]["error"]["name"] == "Cancelled"
     busy = (await api.get(f"/v1/executions/{leased}")).json()
     assert busy["status"] == "running" and busy["cancelRequestedAt"] is not None
@@ -501,9 +504,14 @@ async def test_cancellation_reaches_grandchildren(store: ExecutionStore):
                             child_id="g0:c:g")
     await store.acknowledge(mid, "suspended")  # g0:c:g stays admitted, unclaimed
 
-    assert await store.request_cancel("g0", "ops") == ("cancelled", "cancelled")
+    # The two that ran are due at once for their cleanup; the leaf that never
+    # ran is cancelled at once.
+    assert await store.request_cancel("g0", "ops") == ("requested", "suspended")
     for eid in ("g0", "g0:c", "g0:c:g"):
-        assert (await store.get(eid))["status"] == "cancelled", eid
+        record = await store.get(eid)
+        assert record["cancel_requested_at"] is not None, eid
+        assert record["status"] == ("cancelled" if eid == "g0:c:g" else "suspended"), record
+        assert eid == "g0:c:g" or record["due_at"] <= record["read_at"], record
 
 
 @pytest.mark.parametrize("first", ["start_child", "cancel"])

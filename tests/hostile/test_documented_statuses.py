@@ -84,6 +84,7 @@ def probes(s: Seeded) -> list[Probe]:
     ex, one = "/v1/executions", "/v1/executions/{execution_id}"
     wakes, signal = f"{one}/wakes", f"{one}/signals/{{name}}"
     cancel, resume = f"{one}/cancel", f"{one}/resume"
+    terminate = f"{one}/terminate"
     resolve = f"{one}/steps/{{step_key}}/resolve"
     pending, ghost = {"execution_id": s.pending}, {"execution_id": GHOST}
     done = {"execution_id": s.completed}
@@ -171,6 +172,11 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", cancel, 409, "EXECUTION_TERMINAL", "operate", done),
         P("POST", cancel, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
         *body_errors(cancel, pending),
+        P("POST", terminate, 202, None, "operate", {"execution_id": "to-terminate"}),
+        P("POST", terminate, 404, "EXECUTION_NOT_FOUND", "operate", ghost),
+        P("POST", terminate, 409, "EXECUTION_TERMINAL", "operate", done),
+        P("POST", terminate, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
+        *body_errors(terminate, pending),
         P("POST", resolve, 200, None, "operate", unknown,
           {"json": {"action": "succeed", "result": {"ok": True}}}),
         P("POST", resolve, 404, "EXECUTION_NOT_FOUND", "operate",
@@ -324,7 +330,8 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
     assert (await c.api.post("/v1/executions", json=mine, headers=headers)).status_code == 201
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
-        "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now())")
+        "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now()), "
+        "('to-terminate', 'x', '{}', '{}', 'admitted', now())")
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
         "VALUES ('full', 'x', '{}', '{}', 'admitted', now())")

@@ -51,6 +51,7 @@ ROLES = {
     ("POST", "/v1/executions/{execution_id}/wakes"): ("trigger", "operate"),
     ("POST", "/v1/executions/{execution_id}/signals/{name}"): ("trigger", "operate"),
     ("POST", "/v1/executions/{execution_id}/cancel"): ("operate",),
+    ("POST", "/v1/executions/{execution_id}/terminate"): ("operate",),
     ("POST", "/v1/executions/{execution_id}/steps/{step_key}/resolve"): ("operate",),
     ("POST", "/v1/executions/{execution_id}/resume"): ("operate",),
     ("GET", "/v1/workers"): ("read",),

@@ -85,7 +85,7 @@ async def test_outcome_unknown_gauge_counts_only_executions_waiting_for_a_decisi
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                        "WHERE execution_id = 'timed-out'")
     assert sample(await gauges(api), name) == 1
-    await store.sweep_deadlines()
+    await store.sweep_interrupted()
     text = await gauges(api)
     assert sample(text, name) == 1
     assert sample(text, "fencepost_parked_executions", '{reason="outcome_unknown"}') == 1

@@ -146,9 +146,12 @@ async def test_parked_for_each_reason_and_none_when_terminal(
     await store.acknowledge(leases[cancelled], "suspended", waiting_on={"signal": "s"})
     await store.request_cancel(cancelled, "test")
     await store.acknowledge(leases[timed_out], "suspended", waiting_on={"signal": "s"})
-    await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
+    # Both cleanup windows closed with no delivery: the sweep ends them.
+    await pool.execute("UPDATE executions SET cancel_requested_at = now() - interval '1 hour' "
+                       "WHERE execution_id = $1", cancelled)
+    await pool.execute("UPDATE executions SET deadline = now() - interval '1 hour' "
                        "WHERE execution_id = $1", timed_out)
-    await store.sweep_deadlines()
+    await store.sweep_interrupted()
     for eid, status in ((done, "completed"), (failed, "failed"), (cancelled, "cancelled"),
                         (timed_out, "timed_out")):
         rec = await record(api, eid)

@@ -27,7 +27,7 @@ from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_cancel_unleased_suspended_execution_is_cancelled_at_once(
+async def test_cancel_unleased_suspended_execution_is_delivered_once_more_then_cancelled(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
     eid = await admit(store, "op-sleep", "cancel-suspended", {"seconds": 3600})
@@ -36,17 +36,22 @@ async def test_cancel_unleased_suspended_execution_is_cancelled_at_once(
     assert before["blockedBy"]["reason"] == "sleeping" and before["dueAt"] is not None, before
 
     r = await api.post(f"/v1/executions/{eid}/cancel", json={"by": "alice"})
-    assert r.status_code == 202 and r.json() == {"status": "cancelled"}, r.text
+    # It has run: its cleanup delivery is due at once.
+    assert r.status_code == 202 and r.json() == {"status": "suspended"}, r.text
 
+    await wait_status(store, eid, "cancelled")
     rec = await record(api, eid)
     assert rec["status"] == "cancelled" and rec["blockedBy"] is None, rec
     assert rec["outcome"]["error"]["name"] == "Cancelled", rec
     assert rec["dueAt"] is None and rec["cancelRequestedAt"] is not None, rec
     events = await store.events(eid)
-    assert [e["kind"] for e in events[-2:]] == ["cancel_requested", "cancelled"], events
-    assert events[-2]["detail"] == {"by": "alice"}
+    kinds = [e["kind"] for e in events]
+    assert kinds[kinds.index("cancel_requested"):] == [
+        "cancel_requested", "claimed", "acknowledged", "cancelled"], kinds
+    [requested] = [e for e in events if e["kind"] == "cancel_requested"]
+    assert requested["detail"] == {"by": "alice"}
     await asyncio.sleep(0.3)  # a poll later: nobody delivered it again
-    assert (await store.get(eid))["token"] == 1
+    assert (await store.get(eid))["token"] == 2  # the first delivery and the cleanup's
     assert ("cancel-suspended", "after") not in flows.CALLS
 
 

@@ -181,12 +181,20 @@ async def test_an_expired_lease_reads_as_the_reaper_will_leave_it(
     assert (await store.metrics_snapshot())["by_status"] == gauges["by_status"]
 
 
-async def test_an_unheld_record_past_its_deadline_reads_timed_out_before_the_sweep(
+async def test_an_unheld_record_past_its_cleanup_window_reads_timed_out_before_the_sweep(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "heal-sweep", timeout_seconds=3600)
     await store.acknowledge(await _claim(store, "op-quick"), "suspended",
                             waiting_on={"signal": "s"})
-    await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
+    # Past the deadline but within the cleanup window (30 s): still waiting
+    # for the delivery that raises DeadlineExceeded, due at once.
+    await pool.execute("UPDATE executions SET deadline = now() - interval '1 second', "
+                       "due_at = now() - interval '1 second' WHERE execution_id = $1", eid)
+    within = await record(api, eid)
+    assert within["status"] == "suspended", within
+    assert within["blockedBy"]["reason"] in ("due", "no-worker"), within
+    # The window closed with no delivery: it reads timed_out before the sweep.
+    await pool.execute("UPDATE executions SET deadline = now() - interval '1 hour' "
                        "WHERE execution_id = $1", eid)
     healed = await record(api, eid)
     assert (healed["status"], healed["blockedBy"]) == ("timed_out", None), healed

@@ -1,5 +1,6 @@
 """Short timings for tests with in-process workers: a lease of one second,
-renewals and polls every 0.2 s, redelivery from 50 ms, so nothing waits long."""
+renewals and polls every 0.2 s, redelivery from 50 ms, a cleanup window of one
+second after a cancel or the deadline, so nothing waits long."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ QUICK: dict[str, Any] = {
     "redelivery_base_seconds": 0.05,
     "redelivery_cap_seconds": 0.5,
     "shutdown_grace_seconds": 2,
+    "cancel_grace_seconds": 1,
 }
 
 

@@ -174,10 +174,13 @@ async def test_cancel_a_sleeping_execution(open_ui):
     await page.locator("#cancel").click()
     await expect(page.locator("#confirm-title")).to_contain_text("Cancel execution")
     await expect(page.locator("section.confirm")).to_contain_text(
-        "No worker holds it, so it ends cancelled at once")
+        "it is delivered once more, at once, so its cleanup code runs where it waits")
     await ui.shot(page, "confirm-cancel")
     await page.locator("#confirm-cancel").click()
-    await expect(page.locator("#notice")).to_have_text("Cancelled.")
+    await expect(page.locator("#notice")).to_contain_text("Cancel requested")
+    # The worker delivers it once more (its cleanup), then it is cancelled.
+    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled")
+    await page.reload()
     await expect(page.locator("#status")).to_have_text("cancelled")
     await expect(page.locator("#outcome")).to_contain_text("Cancelled")
     await expect(page.locator("#actions")).to_contain_text("nothing to act on")

@@ -1,5 +1,6 @@
-"""Decisions from outside: cancel, resolve an outcome-unknown step, resume a
-poison-parked execution. Each is recorded with who made it."""
+"""Decisions from outside: cancel (with cleanup) or terminate (without),
+resolve an outcome-unknown step, resume a poison-parked execution. Each is
+recorded with who made it."""
 
 from __future__ import annotations
 
@@ -76,22 +77,45 @@ def _optional(model: type[BaseModel]) -> dict:
     "/{execution_id}/cancel",
     status_code=202,
     response_model=Decision,
-    summary="Request cancellation: persisted first; an unheld execution is cancelled at once, "
-    "a held one at its holder's next step",
+    summary="Request cancellation: persisted first; the workflow's cleanup code "
+    "(`except Cancelled:`, `finally:`) runs at its next step or wait, within its cancel grace; "
+    "an execution that never ran, or is parked, is cancelled at once",
     openapi_extra=_optional(ActorBody),
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
                409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"}},
 )
 async def cancel(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                  principal: Operator):
+    return await _end(execution_id, request, store, settings, principal, terminate=False)
+
+
+@router.post(
+    "/{execution_id}/terminate",
+    status_code=202,
+    response_model=Decision,
+    summary="Cancel at once with no code run (no cleanup), held or not; the holder's later "
+    "writes are refused. For when the cleanup itself is stuck",
+    openapi_extra=_optional(ActorBody),
+    responses={**ERRORS, 404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
+               409: {"model": ErrorBody, "description": "EXECUTION_TERMINAL"}},
+)
+async def terminate(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+                    principal: Operator):
+    return await _end(execution_id, request, store, settings, principal, terminate=True)
+
+
+async def _end(execution_id: str, request: Request, store, settings, principal, *,
+               terminate: bool) -> dict:
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, ActorBody)
-    answer, status = await store.request_cancel(execution_id, actor(principal, body.by))
+    end = store.terminate if terminate else store.request_cancel
+    answer, status = await end(execution_id, actor(principal, body.by))
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "terminal":
+        what = "terminate" if terminate else "cancel"
         raise ApiError(409, "EXECUTION_TERMINAL",
-                       f"execution {execution_id!r} already ended ({status}); nothing to cancel",
+                       f"execution {execution_id!r} already ended ({status}); nothing to {what}",
                        status=status)
     return {"status": status}
 
