@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 
+from app.schema import TERMINAL_STATUSES
 from app.store.types import (
     _TERMINAL_SQL,
     NOTIFY_CHANNEL,
@@ -21,6 +23,15 @@ from app.store.types import (
     decode_cursor,
     record_columns,
 )
+
+
+@dataclass(frozen=True)
+class Existing:
+    """Admission with ifExists=return found the ID held by an execution of the
+    same workflow with equal params: the very same admission, made before."""
+
+    execution_id: str
+    status: str
 
 
 class AdmissionStatements:
@@ -42,11 +53,13 @@ class AdmissionStatements:
         timeout_seconds: float | None = None,
         code_version: str | None = None,
         admitted_by: str | None = None,
-    ) -> Admitted | Conflict:
+        if_exists: Literal["error", "return"] = "error",
+    ) -> Admitted | Conflict | Existing:
         """Record the execution and its first wake (due now) in one statement,
         or report the record that already holds the ID. IDs are never reused.
         The deadline is `deadline`, else admission time + `timeout_seconds`
-        (database clock), else none."""
+        (database clock), else none. With if_exists="return", an ID held by
+        an execution of the same workflow with equal params is `Existing`."""
         execution_id = execution_id or str(uuid.uuid4())
         for _ in range(3):
             try:
@@ -91,28 +104,40 @@ class AdmissionStatements:
                 raise InvalidEvent(str(exc)) from exc
             if row is not None:
                 return Admitted(row["execution_id"], row["status"])
-            holder = await self._id_holder(execution_id)
+            holder = await self._id_holder(execution_id, workflow_id, params)
+            if isinstance(holder, Existing) and if_exists == "error":
+                return Conflict(holder.execution_id, holder.status, workflow_id)
             if holder is not None:
                 return holder
             # Seen, then deleted before this read without a tombstone: again.
         raise RuntimeError(f"admission of {execution_id!r} found the ID taken and then free, "
                            "three times")
 
-    async def _id_holder(self, execution_id: str) -> Conflict | None:
-        """Who holds an ID admission refused: the execution, or its tombstone
-        (status 'retired': deleted by retention, never to be reused)."""
+    async def _id_holder(self, execution_id: str, workflow_id: str,
+                         params: Any) -> Conflict | Existing | None:
+        """Who holds an ID admission refused: the execution (`Existing` when
+        it has this workflow and JSON-equal params), or its tombstone (status
+        'retired': deleted by retention, never to be reused). Workflow and
+        params are never updated, so comparing after the refusal sees what
+        the refusing statement saw."""
         row = await self.pool.fetchrow(
             """
-            SELECT execution_id, status, workflow_id FROM executions WHERE execution_id = $1
+            SELECT execution_id, status, workflow_id,
+                   workflow_id = $2 AND params = coalesce($3::jsonb, 'null'::jsonb) AS same
+            FROM executions WHERE execution_id = $1
             UNION ALL
-            SELECT execution_id, 'retired', workflow_id FROM retired_executions
+            SELECT execution_id, 'retired', workflow_id, false FROM retired_executions
             WHERE execution_id = $1
             LIMIT 1
             """,
             execution_id,
+            workflow_id,
+            params,
         )
         if row is None:
             return None
+        if row["same"]:
+            return Existing(row["execution_id"], row["status"])
         return Conflict(row["execution_id"], row["status"], row["workflow_id"])
 
     # ---------------------------------------------------------------------- reads
@@ -130,6 +155,19 @@ class AdmissionStatements:
             owner,
         )
         return dict(row) if row is not None else None
+
+    async def ended_among(self, execution_ids: list[str]) -> set[str]:
+        """Which of these executions read as terminal now (the healed status,
+        as `get` reports it), in one statement: the long-poll waiters' check
+        for an end whose notification they missed."""
+        rows = await self.pool.fetch(
+            f"SELECT execution_id, status FROM (SELECT {record_columns(self.max_unacknowledged)} "
+            "FROM executions WHERE execution_id = ANY($3::text[])) r",
+            self.redelivery_base,
+            self.redelivery_cap,
+            execution_ids,
+        )
+        return {r["execution_id"] for r in rows if r["status"] in TERMINAL_STATUSES}
 
     async def list(
         self,

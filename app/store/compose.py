@@ -11,6 +11,8 @@ from typing import Any, Literal
 import asyncpg
 
 from app.store.types import (
+    _TERMINAL_SQL,
+    ENDED_CHANNEL,
     INTERRUPT_SQL,
     NOTIFY_CHANNEL,
     InvalidEvent,
@@ -23,6 +25,11 @@ from app.store.types import (
 # Every statement that can end an execution wakes its parent in the same
 # statement, so a parent waiting for a child cannot miss the end. `{ended}`
 # names a CTE returning (parent_execution_id, status) of the rows it ended.
+# In the final select list of every statement that ends executions (the
+# CTE `{ended}` returns execution_id and status): one notice per ended ID.
+ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', execution_id)) FROM {{ended}} "
+                f"WHERE status IN {_TERMINAL_SQL}) AS ended_notices")
+
 WAKE_PARENTS = """
     parent_wake AS (
         UPDATE executions p SET due_at = least(p.due_at, now()), updated_at = now()

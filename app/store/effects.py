@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from app.store.compose import WAKE_PARENTS
+from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
-from app.store.types import INTERRUPT_SQL, Lease, LeaseLost
+from app.store.types import INTERRUPT_SQL, NOTIFY_CHANNEL, Lease, LeaseLost
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,9 @@ class EffectStatements:
                                                     'stepKey', $3::text) END
                 FROM p
             )
-            SELECT status FROM p
+            SELECT status, {ENDED_NOTICE.format(ended="p")},
+                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke
+            FROM p
             """,
             lease.execution_id,
             lease.token,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES
-from app.store.compose import WAKE_PARENTS
+from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
@@ -397,7 +397,8 @@ class LeaseStatements:
                 )
                 SELECT status, outcome,
                        CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
-                            THEN pg_notify('{NOTIFY_CHANNEL}', '') END
+                            THEN pg_notify('{NOTIFY_CHANNEL}', '') END,
+                       {ENDED_NOTICE.format(ended="a")}
                 FROM a
                 """,
                 lease.execution_id,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from app.store.compose import WAKE_PARENTS
+from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.types import _TERMINAL_SQL, NOTIFY_CHANNEL, InvalidEvent
 
 CancelAnswer = Literal["cancelled", "requested", "terminal", "not_found"]
@@ -117,7 +117,7 @@ class OperatorStatements:
                 SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
                 FROM c WHERE status = 'cancelled'
             )
-            SELECT status,
+            SELECT status, {ENDED_NOTICE.format(ended="c")},
                    (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
                    (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM c
                     WHERE due_at <= now()) AS due

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from app.store.compose import WAKE_PARENTS
+from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
+from app.store.types import NOTIFY_CHANNEL
 
 # Outcomes of the terminal ends no workflow code chose.
 CANCELLED_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
@@ -77,7 +78,8 @@ WITH target AS (
 )
 -- A woken parent is due now: tell idle workers at commit.
 SELECT execution_id, status,
-       (SELECT count(pg_notify('fencepost_due', '')) FROM parent_wake) AS woke
+       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
+       {ENDED_NOTICE.format(ended="s")}
 FROM s
 """
 
@@ -111,7 +113,8 @@ WITH target AS (
     SELECT execution_id, status, token FROM s
 )
 SELECT execution_id,
-       (SELECT count(pg_notify('fencepost_due', '')) FROM parent_wake) AS woke
+       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
+       {ENDED_NOTICE.format(ended="s")}
 FROM s
 """
 

@@ -15,6 +15,9 @@ import asyncpg
 from app.schema import TERMINAL_STATUSES
 
 NOTIFY_CHANNEL = "fencepost_due"
+# Every statement that ends executions names each on this channel (payload:
+# the execution ID) at commit, for whoever waits for an end (long-polls).
+ENDED_CHANNEL = "fencepost_ended"
 
 
 class LeaseLost(Exception):

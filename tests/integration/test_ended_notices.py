@@ -1,0 +1,87 @@
+"""Every statement that ends an execution names it on ENDED_CHANNEL (payload:
+the execution ID) at commit — acknowledgements, cancel and terminate, the
+settling of a released or reaped lease, the sweep, an effect parked after a
+cancel — so a long-poll waiter learns of an end without polling. A
+statement that ends nothing sends no notice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from app.store import ExecutionStore
+from app.store.types import ENDED_CHANNEL
+
+
+@pytest.fixture
+async def heard(database_url):
+    conn = await asyncpg.connect(database_url)
+    got: asyncio.Queue[str] = asyncio.Queue()
+    await conn.add_listener(ENDED_CHANNEL, lambda *args: got.put_nowait(args[3]))
+    try:
+        yield got
+    finally:
+        await conn.close()
+
+
+async def _next(got: asyncio.Queue) -> str:
+    return await asyncio.wait_for(got.get(), timeout=5)
+
+
+async def _claimed(store: ExecutionStore, eid: str, **admit):
+    await store.admit(workflow_id="w", params={}, execution_id=eid, **admit)
+    [d] = [d for d in await store.claim_due(10, 30, "me", ["w"], [30.0])
+           if d.lease.execution_id == eid]
+    return d.lease
+
+
+async def test_acknowledgements_name_what_they_end(store, heard) -> None:
+    for status in ("completed", "failed", "cancelled", "timed_out"):
+        lease = await _claimed(store, f"ack-{status}")
+        await store.acknowledge(lease, status, result=1,
+                                error={"name": "E", "message": "m"})
+        assert await _next(heard) == f"ack-{status}"
+    lease = await _claimed(store, "ack-suspended")
+    await store.acknowledge(lease, "suspended")
+    await store.admit(workflow_id="w", params={}, execution_id="marker")
+    await store.terminate("marker", "t")
+    assert await _next(heard) == "marker"  # nothing for the suspension before it
+
+
+async def test_cancel_terminate_settle_sweep_and_park_name_what_they_end(store, pool,
+                                                                        heard) -> None:
+    await store.admit(workflow_id="w", params={}, execution_id="never-ran")
+    await store.request_cancel("never-ran", "t")
+    assert await _next(heard) == "never-ran"
+
+    held = await _claimed(store, "held")
+    await store.terminate("held", "t")
+    assert await _next(heard) == "held"
+
+    released = await _claimed(store, "released")
+    await store.request_cancel("released", "t")
+    await store.release(released)
+    assert await _next(heard) == "released"
+
+    reaped = await _claimed(store, "reaped")
+    await store.request_cancel("reaped", "t")
+    await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 ms' "
+                       "WHERE execution_id = 'reaped'")
+    await store.reap_expired()
+    assert await _next(heard) == "reaped"
+
+    swept = await _claimed(store, "swept", timeout_seconds=3600)
+    await store.acknowledge(swept, "suspended")
+    await pool.execute("UPDATE executions SET deadline = now() - interval '1 hour' "
+                       "WHERE execution_id = 'swept'")
+    assert await store.sweep_interrupted() == ["swept"]
+    assert await _next(heard) == "swept"
+
+    parked = await _claimed(store, "parked")
+    await store.begin_effect(parked, "charge", idempotency_key="k", function_name="f")
+    await store.request_cancel("parked", "t")
+    assert await store.park_outcome_unknown(parked, "charge") == "cancelled"
+    assert await _next(heard) == "parked"
+    assert heard.empty()
