@@ -12,6 +12,7 @@ from app.api.errors import install_error_handlers
 from app.api.limits import RequestGuard, parse_allowed_hosts
 from app.api.openapi import publish
 from app.api.routes import executions, health, history, metrics, operations, schedules, signals
+from app.api.waiters import Waiters
 from app.db import create_pool
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
@@ -36,7 +37,13 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
             app.state.store = ExecutionStore.from_settings(pool, settings)
             app.state.workflows = workflows
             app.state.verifier = TokenVerifier(app.state.store)
-            yield
+            # One LISTEN connection, outside the pool, for every long-poll request.
+            app.state.waiters = Waiters(settings, app.state.store)
+            app.state.waiters.start()
+            try:
+                yield
+            finally:
+                await app.state.waiters.stop()
         finally:
             await pool.close()
 

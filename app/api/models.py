@@ -55,6 +55,11 @@ class AdmitRequest(Camel):
         None, gt=0, le=10 * 365 * 86400, strict=True,
         description="Deadline relative to admission (database clock); not with deadline.",
     )
+    if_exists: Literal["error", "return"] = Field(
+        "error",
+        description="When executionId is taken: error (409 EXECUTION_ID_CONFLICT), or return "
+        "(200 with the existing record when it has this workflowId and equal params; else 409).",
+    )
 
 
 class Admission(Camel):

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from app.api.auth import Reader, Trigger, Waker
@@ -42,7 +44,10 @@ from app.api.models import (
     summary,
 )
 from app.api.quotas import RATE_LIMITED, AdmissionQuota
+from app.api.waiters import wait_or_gone
+from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
+from app.store.admission import Existing
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
@@ -55,6 +60,9 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
     responses={
         **FORBIDDEN,
         **ERRORS,
+        200: {"model": ExecutionRecord,
+              "description": "ifExists=return: the execution already admitted under this ID "
+              "with this workflowId and equal params (nothing new admitted)"},
         404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
         409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
         422: {"model": ErrorBody,
@@ -108,12 +116,20 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
             timeout_seconds=timeout_seconds,
             code_version=definition.version if definition is not None else None,
             admitted_by=principal.token_id,
+            if_exists=req.if_exists,
         )
     except InvalidEvent as exc:
         raise ApiError(
             422, "INVALID_EXECUTION_EVENT",
             f"params or context cannot be stored exactly ({exc}); send plain JSON values",
         ) from None
+    if isinstance(result, Existing):
+        existing = await _existing_record(store, settings, principal, result)
+        if existing is not None:
+            return JSONResponse(jsonable_encoder(existing), status_code=200,
+                                headers={"Location": f"/v1/executions/{result.execution_id}"})
+        # Another token's execution: only that the ID is taken (below).
+        result = Conflict(result.execution_id, result.status, req.workflow_id)
     if isinstance(result, Conflict):
         if result.status == "retired":
             raise ApiError(
@@ -143,6 +159,21 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         )
     response.headers["Location"] = f"/v1/executions/{result.execution_id}"
     return {"executionId": result.execution_id, "status": result.status}
+
+
+async def _existing_record(store, settings, principal, existing: Existing) -> dict | None:
+    """The record ifExists=return answers with; None when the principal may
+    not see it (a trigger-only token's view of another's execution)."""
+    row = await store.get(existing.execution_id, owner=owner_of(principal))
+    if row is None:
+        return None
+    return _view(principal, row, await live_workflows(store, settings, [row]))
+
+
+def _view(principal, row: dict, live: set[str]) -> dict:
+    view = record(row, live)
+    view["outcome"] = outcome_for(principal, view["outcome"])
+    return view
 
 
 @router.get(
@@ -218,19 +249,39 @@ async def list_executions(
 @router.get(
     "/{execution_id}",
     response_model=ExecutionRecord,
-    summary="Read one execution's record",
-    responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]},
+    summary="Read one execution's record; with waitSeconds, as soon as it ends (long-poll)",
+    responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
+               422: {"model": ErrorBody, "description": "INVALID_REQUEST"},
+               503: ERRORS[503]},
 )
-async def get_execution(execution_id: str, store: StoreDep, settings: SettingsDep,
-                        principal: Reader):
+async def get_execution(
+    execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+    principal: Reader,
+    wait_seconds: Annotated[float, Query(
+        alias="waitSeconds", ge=0, le=60,
+        description="Wait up to this many seconds (0-60) for the execution to end: answered "
+        "as soon as it is terminal, else with its current record when the time is up")] = 0,
+):
     _check_path_id(execution_id)
-    # One statement reads the record under the owner predicate: foreign = missing.
-    row = await store.get(execution_id, owner=owner_of(principal))
-    if row is None:
-        raise not_found(execution_id)
-    view = record(row, await live_workflows(store, settings, [row]))
-    view["outcome"] = outcome_for(principal, view["outcome"])
-    return view
+
+    async def read() -> dict:
+        # One statement reads the record under the owner predicate: foreign = missing.
+        row = await store.get(execution_id, owner=owner_of(principal))
+        if row is None:
+            raise not_found(execution_id)
+        return row
+
+    if wait_seconds > 0:
+        # Registered before the read: an end after it wakes this waiter.
+        with request.app.state.waiters.watch(execution_id) as ended:
+            row = await read()
+            if row["status"] not in TERMINAL_STATUSES:
+                if not await wait_or_gone(ended, wait_seconds, request.receive):
+                    return Response(status_code=204)  # the client went away: nobody reads it
+                row = await read()
+    else:
+        row = await read()
+    return _view(principal, row, await live_workflows(store, settings, [row]))
 
 
 @router.post(
