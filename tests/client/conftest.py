@@ -5,8 +5,9 @@ database, and real in-process workers running tests/client/flows.py.
   client_settings  `settings` with the short timings (tests/support/timing.py)
   flows            the workflows of tests/client/flows.py
   store            ExecutionStore on the test pool
-  make_server      `srv = await make_server(settings=None, workflows=None)`; srv.base,
-                   srv.app (its app.state.waiters once started), srv.client(); stopped after
+  make_server      `srv = await make_server(settings=None, workflows=None, wrap=None)`
+                   (served: `wrap(app)`, an ASGI wrap, if given); srv.base, srv.app (its
+                   app.state.waiters once started), srv.client(); stopped after
   server           one such server with the flows registered
   workers          InProcessWorkers for the flows (`await workers.start()`); stopped after
   api_backends     `await api_backends(pg_admin, database_url)` -> {application_name: count}
@@ -48,9 +49,9 @@ def store(pool, client_settings) -> ExecutionStore:
 async def make_server(client_settings) -> AsyncIterator:
     servers: list[ServerThread] = []
 
-    async def make(settings: Settings | None = None, workflows=None) -> ServerThread:
+    async def make(settings: Settings | None = None, workflows=None, wrap=None) -> ServerThread:
         app = create_app(settings or client_settings, workflows)
-        srv = ServerThread(app, name="client-test-server")
+        srv = ServerThread(wrap(app) if wrap else app, name="client-test-server")
         srv.app = app
         servers.append(srv)
         return await srv.start()
