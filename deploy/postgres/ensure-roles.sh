@@ -5,8 +5,8 @@
 # transaction (-1): either both roles with all their grants, or nothing. Roles that
 # exist keep their passwords (change one with ALTER ROLE ... PASSWORD).
 set -eu
-: "${FENCEPOST_MIGRATOR_PASSWORD:?set FENCEPOST_MIGRATOR_PASSWORD}"
-: "${FENCEPOST_RUNTIME_PASSWORD:?set FENCEPOST_RUNTIME_PASSWORD}"
+: "${MIGRATOR_PASSWORD:?set MIGRATOR_PASSWORD}"
+: "${RUNTIME_PASSWORD:?set RUNTIME_PASSWORD}"
 here=$(dirname "$0")
 exists=$(psql -v ON_ERROR_STOP=1 -tAc \
   "SELECT count(*) FROM pg_roles WHERE rolname IN ('fencepost_migrator', 'fencepost_runtime')")
@@ -16,7 +16,7 @@ if [ "$exists" = 2 ]; then
 fi
 psql -1 -v ON_ERROR_STOP=1 \
      -v database="$PGDATABASE" \
-     -v migrator=fencepost_migrator -v migrator_password="$FENCEPOST_MIGRATOR_PASSWORD" \
-     -v runtime=fencepost_runtime -v runtime_password="$FENCEPOST_RUNTIME_PASSWORD" \
+     -v migrator=fencepost_migrator -v migrator_password="$MIGRATOR_PASSWORD" \
+     -v runtime=fencepost_runtime -v runtime_password="$RUNTIME_PASSWORD" \
      -f "$here/roles.sql"
 echo "roles: created fencepost_migrator and fencepost_runtime"

@@ -101,7 +101,7 @@ def project(compose_command: list[str], workflows_dir: Path) -> Iterator[Stack]:
             yield stack
     finally:
         # The builder stage's layers (dependencies) stay, as the next session's cache.
-        run(["docker", "image", "rm", stack.env["FENCEPOST_IMAGE"]], check=False, timeout=120)
+        run(["docker", "image", "rm", stack.env["IMAGE_TAG"]], check=False, timeout=120)
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +111,7 @@ def image(project: Stack) -> str:
     cached = built.stdout.count("Using cache")
     FIGURES["image build"] = (f"{time.monotonic() - started:.1f} s (`docker compose build`; "
                               f"{cached} build steps came from the cache)")
-    return project.env["FENCEPOST_IMAGE"]
+    return project.env["IMAGE_TAG"]
 
 
 @pytest.fixture(scope="session")

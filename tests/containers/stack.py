@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOWS = Path(__file__).resolve().parent / "workflows"
 # What compose interpolates (docker-compose.yml's header lists them); nothing else
 # from the caller's environment may leak in.
-COMPOSE_VARIABLES = ("POSTGRES_PASSWORD", "FENCEPOST_MIGRATOR_PASSWORD",
-                     "FENCEPOST_RUNTIME_PASSWORD", "FENCEPOST_WORKFLOWS",
-                     "FENCEPOST_WORKFLOWS_DIR", "FENCEPOST_API_PORT", "FENCEPOST_IMAGE",
-                     "PYTHON_IMAGE", "FENCEPOST_BUILD_NETWORK", "POSTGRES_IMAGE")
+COMPOSE_VARIABLES = ("POSTGRES_PASSWORD", "MIGRATOR_PASSWORD",
+                     "RUNTIME_PASSWORD", "FENCEPOST_WORKFLOWS",
+                     "WORKFLOWS_DIR", "API_PORT", "IMAGE_TAG",
+                     "PYTHON_IMAGE", "BUILD_NETWORK", "POSTGRES_IMAGE")
 WORKFLOWS = "app.examples,team_flows,container_flows"
 
 T = TypeVar("T")
@@ -106,16 +106,16 @@ class Stack:
                and k != "DATABASE_URL"}
         env.update({
             "POSTGRES_PASSWORD": secrets.token_hex(24),
-            "FENCEPOST_MIGRATOR_PASSWORD": secrets.token_hex(24),
-            "FENCEPOST_RUNTIME_PASSWORD": secrets.token_hex(24),
+            "MIGRATOR_PASSWORD": secrets.token_hex(24),
+            "RUNTIME_PASSWORD": secrets.token_hex(24),
             # The API on a free loopback port (8000 may be taken, or another session's).
-            "FENCEPOST_API_PORT": "0",
+            "API_PORT": "0",
             # Its own tag: a user's fencepost:<version> stays as it was.
-            "FENCEPOST_IMAGE": f"fencepost-test:{project}",
+            "IMAGE_TAG": f"fencepost-test:{project}",
             "FENCEPOST_WORKFLOWS": WORKFLOWS,
-            "FENCEPOST_WORKFLOWS_DIR": str(workflows_dir),
+            "WORKFLOWS_DIR": str(workflows_dir),
             # Builds reach the package index only through the host's network here.
-            "FENCEPOST_BUILD_NETWORK": os.environ.get("FENCEPOST_BUILD_NETWORK", "host"),
+            "BUILD_NETWORK": os.environ.get("BUILD_NETWORK", "host"),
         })
         for name in ("PYTHON_IMAGE", "POSTGRES_IMAGE"):
             if os.environ.get(name):

@@ -1,6 +1,6 @@
 """The compose stack as a user runs it (issue 17, item 2), by the commands of the
 README's deployment section: `up --build -d` (the `stack` fixture) with a workflow
-folder of one's own (FENCEPOST_WORKFLOWS_DIR, FENCEPOST_WORKFLOWS), the first token made
+folder of one's own (WORKFLOWS_DIR, FENCEPOST_WORKFLOWS), the first token made
 in the API container, the example workflows admitted over HTTP and completed, workers
 scaled to three, `down -v --remove-orphans` (the `project` fixture; test_teardown.py)."""
 
@@ -74,3 +74,9 @@ def test_scaled_to_three_workers_all_three_register(stack: Stack):
     wait_for("three workers alive in /v1/workers", all_registered, timeout=90)
     for container in workers:
         stack.wait_healthy(container)
+
+
+def test_the_roles_one_shot_leaves_roles_that_exist_as_they_are(stack: Stack):
+    """Run again (a restart, or a volume set up earlier), it changes nothing and succeeds."""
+    again = stack.compose("run", "--rm", "-T", "--no-deps", "roles", timeout=120)
+    assert "fencepost_migrator and fencepost_runtime exist" in again.stdout, again.stdout

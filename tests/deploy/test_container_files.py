@@ -437,8 +437,8 @@ def is_setting(name: str) -> bool:
 # What an operator sets before `docker compose up` (compose refuses to start without).
 REQUIRED_VARIABLES = {
     "POSTGRES_PASSWORD": "superuser-secret",
-    "FENCEPOST_MIGRATOR_PASSWORD": "migrator-secret",
-    "FENCEPOST_RUNTIME_PASSWORD": "runtime-secret",
+    "MIGRATOR_PASSWORD": "migrator-secret",
+    "RUNTIME_PASSWORD": "runtime-secret",
 }
 MIGRATOR, RUNTIME = "fencepost_migrator", "fencepost_runtime"
 
@@ -590,8 +590,8 @@ def test_compose_environment_values_validate(services, role, monkeypatch):
     roles_env = environment(services[ROLES_SERVICE])
     # migrate connects as the schema's owner, api and worker as the runtime role;
     # none of them as the superuser.
-    user, password = (MIGRATOR, roles_env["FENCEPOST_MIGRATOR_PASSWORD"]) if role == "migrate" \
-        else (RUNTIME, roles_env["FENCEPOST_RUNTIME_PASSWORD"])
+    user, password = (MIGRATOR, roles_env["MIGRATOR_PASSWORD"]) if role == "migrate" \
+        else (RUNTIME, roles_env["RUNTIME_PASSWORD"])
     assert settings.database_url == (
         f"postgresql://{user}:{password}@{POSTGRES_SERVICE}:5432/{pg_env['POSTGRES_DB']}"
     )
@@ -705,7 +705,7 @@ def test_the_roles_one_shot_runs_the_role_script_before_migrate(services):
     assert env["PGHOST"] == POSTGRES_SERVICE and env["PGUSER"] == "postgres"
     assert env["PGPASSWORD"] == REQUIRED_VARIABLES["POSTGRES_PASSWORD"]
     assert env["PGDATABASE"] == environment(services[POSTGRES_SERVICE])["POSTGRES_DB"]
-    for variable in ("FENCEPOST_MIGRATOR_PASSWORD", "FENCEPOST_RUNTIME_PASSWORD"):
+    for variable in ("MIGRATOR_PASSWORD", "RUNTIME_PASSWORD"):
         assert f'"${variable}"' in script
         assert env[variable] == REQUIRED_VARIABLES[variable]
 

@@ -1,5 +1,5 @@
 """A team's own module, as the README's deployment section says to add one: mounted
-with deploy/workflows' modules (FENCEPOST_WORKFLOWS_DIR) and named in
+with deploy/workflows' modules (WORKFLOWS_DIR) and named in
 FENCEPOST_WORKFLOWS. Its steps take a while, so the container tests can kill and stop
 workers while deliveries are running."""
 
