@@ -13,7 +13,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db import sqlalchemy_url
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+# A source checkout has migrations/ beside the package (the image copies it
+# there too); an installed wheel carries the same files as app/migrations.
+_BESIDE = Path(__file__).resolve().parent.parent / "migrations"
+_PACKAGED = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS = _BESIDE if (_BESIDE / "env.py").is_file() else _PACKAGED
 # One arbitrary 64-bit key: concurrent `fencepost migrate` runs queue behind it.
 MIGRATION_LOCK_KEY = 0x66656E6365  # "fence"
 

@@ -17,9 +17,10 @@ def configure_api(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-remote-without-auth", action="store_true", default=None,
                    help="with FENCEPOST_AUTH=disabled, bind a non-loopback --host anyway "
                         "(FENCEPOST_ALLOW_REMOTE_WITHOUT_AUTH); anyone who reaches it acts as operator")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--log-format", choices=FORMATS, default="json",
-                   help="json lines (default) or console")
+    p.add_argument("--log-level", help="critical, error, warning, info or debug "
+                   "(FENCEPOST_LOG_LEVEL, default info)")
+    p.add_argument("--log-format", choices=FORMATS,
+                   help="json lines or console (FENCEPOST_LOG_FORMAT, default json)")
 
 
 def is_loopback(host: str) -> bool:
@@ -66,13 +67,14 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
         # FENCEPOST_ALLOWED_HOSTS lists others). create_app checks only a list
         # it is given, so in-process clients of any name keep working.
         settings = settings.model_copy(update={"allowed_hosts": ",".join(LOOPBACK_HOSTS)})
-    configure_logging(args.log_level, args.log_format)
+    log_level = args.log_level or settings.log_level
+    configure_logging(log_level, args.log_format or settings.log_format)
     asyncio.run(_preflight(settings))
     app = create_app(settings)
     # The head limit is enforced while reading (not only once parsed), and
     # X-Forwarded-Proto/For are trusted from the listed proxies only.
     protocol = guarded_http_protocol(settings.max_header_bytes) or "auto"
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+    uvicorn.run(app, host=args.host, port=args.port, log_level=log_level,
                 access_log=False, lifespan="on", log_config=None, http=protocol,
                 proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
                 h11_max_incomplete_event_size=settings.max_header_bytes)
@@ -110,9 +112,10 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
                    help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="interface for --metrics-port (default 127.0.0.1)")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--log-format", choices=FORMATS, default="json",
-                   help="json lines (default) or console")
+    p.add_argument("--log-level", help="critical, error, warning, info or debug "
+                   "(FENCEPOST_LOG_LEVEL, default info)")
+    p.add_argument("--log-format", choices=FORMATS,
+                   help="json lines or console (FENCEPOST_LOG_FORMAT, default json)")
 
 
 def run_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -121,7 +124,7 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.workflows is not None:
         settings = settings.model_copy(update={"workflows": args.workflows})
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level or settings.log_level, args.log_format or settings.log_format)
     if not settings.workflow_modules:
         print("error: name the workflow modules: --workflows or FENCEPOST_WORKFLOWS", file=sys.stderr)
         return 2

@@ -123,6 +123,14 @@ class Settings(BaseSettings):
         "headers get 421. Unset: localhost, 127.0.0.1 and [::1] when authentication is disabled, "
         "any host when it is enabled.",
     )
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info", description="Least severe log records `api` and `worker` write (--log-level "
+        "overrides it).",
+    )
+    log_format: Literal["json", "console"] = Field(
+        "json", description="json: one JSON object per line; console: readable lines "
+        "(--log-format overrides it).",
+    )
     allow_remote_without_auth: bool = Field(
         False,
         description="Let `fencepost api` bind a non-loopback interface with authentication disabled.",
@@ -158,6 +166,11 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower_case(cls, v):
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("retention", mode="before")
     @classmethod
