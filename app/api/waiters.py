@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Iterator
 import asyncpg
 
 from app.db import asyncpg_dsn
-from app.dberrors import INFRASTRUCTURE_ERRORS
 from app.settings import Settings
 from app.store import ExecutionStore
 from app.store.types import ENDED_CHANNEL
@@ -104,7 +103,7 @@ class Waiters:
                     if closed.is_set():
                         raise ConnectionError("the LISTEN connection was closed")
                     await conn.execute("SELECT 1", timeout=5.0)  # a half-open socket shows here
-            except (*INFRASTRUCTURE_ERRORS, asyncpg.PostgresError, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the listener must outlive any failure
                 log.warning("waiters: listening connection lost (%s); reconnecting in %.2fs",
                             exc, delay)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -123,7 +122,7 @@ class Waiters:
                 continue
             try:
                 ended = await self.store.ended_among(ids)
-            except (*INFRASTRUCTURE_ERRORS, asyncpg.PostgresError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the re-check must outlive any failure
                 log.warning("waiters: re-check failed (%s); trying again", exc)
                 continue
             for execution_id in ended:
