@@ -35,13 +35,15 @@ from urllib.parse import quote
 import httpx
 
 __all__ = [
-    "AsyncClient", "Client", "DatabaseUnavailable", "DeadlineInThePast", "ExecutionCancelled",
-    "ExecutionFailed", "ExecutionIdConflict", "ExecutionNotFound", "ExecutionNotParked",
-    "ExecutionTerminal", "ExecutionTimedOut", "ExecutionUnsuccessful", "FencepostError",
-    "Forbidden", "InvalidCursor", "InvalidExecutionEvent", "InvalidParams", "InvalidRequest",
-    "InvalidResolution", "MalformedJson", "NotFound", "PayloadTooLarge", "RateLimited",
-    "RequestTimeout", "ReservedExecutionId", "StepNotFound", "StepNotOutcomeUnknown",
-    "Started", "TooManyPendingSignals", "Unauthenticated", "UnsupportedMediaType",
+    "ERRORS_BY_CODE", "AsyncClient", "Client", "DatabaseUnavailable", "DeadlineInThePast",
+    "ExecutionCancelled", "ExecutionFailed", "ExecutionIdConflict", "ExecutionNotEnded",
+    "ExecutionNotFound", "ExecutionNotParked", "ExecutionTerminal", "ExecutionTimedOut",
+    "ExecutionUnsuccessful", "FencepostError", "Forbidden", "HostNotAllowed", "InvalidCursor",
+    "InvalidExecutionEvent", "InvalidParams", "InvalidRequest", "InvalidResolution",
+    "InvalidSchedule", "MalformedJson", "MethodNotAllowed", "NotFound", "PayloadTooLarge",
+    "RateLimited", "RedriveNeedsFromStep", "RequestHeaderFieldsTooLarge", "RequestTimeout",
+    "ReservedExecutionId", "SchemaOutOfDate", "ScheduleExists", "ScheduleNotFound", "Started", "StepNotFound",
+    "StepNotOutcomeUnknown", "TooManyPendingSignals", "Unauthenticated", "UnsupportedMediaType",
     "WaitTimeout", "WorkflowNotFound",
 ]
 
@@ -155,6 +157,42 @@ class StepNotOutcomeUnknown(FencepostError):
     code = "STEP_NOT_OUTCOME_UNKNOWN"
 
 
+class ExecutionNotEnded(FencepostError):
+    code = "EXECUTION_NOT_ENDED"
+
+
+class RedriveNeedsFromStep(FencepostError):
+    code = "REDRIVE_NEEDS_FROM_STEP"
+
+
+class ScheduleNotFound(FencepostError):
+    code = "SCHEDULE_NOT_FOUND"
+
+
+class ScheduleExists(FencepostError):
+    code = "SCHEDULE_EXISTS"
+
+
+class InvalidSchedule(FencepostError):
+    code = "INVALID_SCHEDULE"
+
+
+class MethodNotAllowed(FencepostError):
+    code = "METHOD_NOT_ALLOWED"
+
+
+class HostNotAllowed(FencepostError):
+    code = "HOST_NOT_ALLOWED"
+
+
+class RequestHeaderFieldsTooLarge(FencepostError):
+    code = "REQUEST_HEADER_FIELDS_TOO_LARGE"
+
+
+class SchemaOutOfDate(FencepostError):
+    code = "SCHEMA_OUT_OF_DATE"
+
+
 class RateLimited(FencepostError):
     code = "RATE_LIMITED"
 
@@ -173,7 +211,9 @@ ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
         InvalidExecutionEvent, InvalidParams, InvalidCursor, InvalidResolution,
         ReservedExecutionId, DeadlineInThePast, Unauthenticated, Forbidden, NotFound,
         WorkflowNotFound, ExecutionNotFound, StepNotFound, ExecutionIdConflict,
-        ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, RateLimited,
+        ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, ExecutionNotEnded,
+        RedriveNeedsFromStep, ScheduleNotFound, ScheduleExists, InvalidSchedule,
+        MethodNotAllowed, HostNotAllowed, RequestHeaderFieldsTooLarge, SchemaOutOfDate, RateLimited,
         TooManyPendingSignals, DatabaseUnavailable,
     )
 }

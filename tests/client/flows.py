@@ -29,3 +29,19 @@ async def boom(ctx: WorkflowContext, params: Any) -> Any:
 async def approval(ctx: WorkflowContext, params: Any) -> Any:
     decision = await ctx.wait_for_signal("approve")
     return {"approved": decision}
+
+
+# The "bug" a redrive runs again after the fix: tests switch it off.
+FLAKY = {"broken": True}
+
+
+def _charge(order: Any) -> dict:
+    if FLAKY["broken"]:
+        raise RuntimeError("the payment provider is down")
+    return {"charged": order}
+
+
+@workflow("client-flaky")
+async def flaky(ctx: WorkflowContext, params: Any) -> Any:
+    order = await ctx.step("load", _echo, params)
+    return await ctx.step("charge", _charge, order)

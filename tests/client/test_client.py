@@ -189,3 +189,52 @@ async def test_503_is_retried_after_retry_after_bounded(make_server, flows, time
     assert wraps[0].seen == refused
     # Each refusal but the last one given up on was followed by its Retry-After.
     assert elapsed >= 0.3 * min(times, retries) * 0.95, elapsed
+
+
+def test_every_error_code_the_api_documents_has_its_class():
+    from app.api.app import create_app
+    from app.client import ERRORS_BY_CODE
+    from app.settings import Settings
+    from tests.hostile.test_documented_statuses import documented_codes
+
+    schema = create_app(Settings(database_url="postgresql://unused/none", workflows="")).openapi()
+    codes = {code for ops in schema["paths"].values() for op in ops.values()
+             for answer in op.get("responses", {}).values()
+             for code in documented_codes(answer.get("description", ""))}
+    assert "EXECUTION_ID_CONFLICT" in codes
+    missing = sorted(codes - set(ERRORS_BY_CODE))
+    assert not missing, f"app/client.py has no exception class for {missing}"
+    for code, cls in ERRORS_BY_CODE.items():
+        assert cls.__name__ == "".join(w.capitalize() for w in code.split("_")), (code, cls)
+
+
+async def test_redrive_and_fork_after_the_fix(server, workers):
+    from tests.client import flows
+
+    if "/v1/executions/{execution_id}/redrive" not in server.app.openapi()["paths"]:
+        pytest.skip("POST /v1/executions/{id}/redrive and /fork are not served by this build")
+    await workers.start()
+    flows.FLAKY["broken"] = True
+    try:
+        async with AsyncClient(server.base) as fp:
+            await fp.start("client-flaky", 7, execution_id="flaky-7")
+            with pytest.raises(ExecutionFailed):
+                await fp.result("flaky-7", timeout=30)
+            await fp.start("client-flaky", 8, execution_id="flaky-8")
+            with pytest.raises(ExecutionFailed):
+                await fp.result("flaky-8", timeout=30)
+            flows.FLAKY["broken"] = False
+            redriven = await fp.redrive("flaky-7", reason="provider is back")
+            assert redriven["executionId"] == "flaky-7"
+            assert await fp.result("flaky-7", timeout=30) == {"charged": 7}
+            forked = await fp.fork("flaky-8", "charge", execution_id="flaky-8-again")
+            assert forked["executionId"] == "flaky-8-again"
+            assert forked["forkedFrom"] == "flaky-8"
+            assert await fp.result("flaky-8-again", timeout=30) == {"charged": 8}
+            # Completed, so nothing failed to start again from: the step must be named.
+            with pytest.raises(FencepostError) as completed:
+                await fp.redrive("flaky-7")
+    finally:
+        flows.FLAKY["broken"] = False
+    assert type(completed.value).__name__ == "".join(
+        w.capitalize() for w in completed.value.code.split("_"))
