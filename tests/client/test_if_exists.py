@@ -92,3 +92,28 @@ async def test_a_retired_id_stays_a_conflict(server, store, pool):
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "EXECUTION_ID_CONFLICT"
     assert again.json()["error"]["status"] == "retired"
+
+
+async def test_another_tenants_execution_is_not_returned(make_server, client_settings, store,
+                                                         flows):
+    """A trigger token sees only its own executions: the same admission by
+    another tenant is 409 "already taken", naming nothing of the other's."""
+    from app.api.auth import new_token
+    from app.client import AsyncClient, ExecutionIdConflict
+
+    secrets = {}
+    for name in ("tenant-a", "tenant-b"):
+        token_id, token, digest = new_token()
+        await store.create_token(token_id, name=name, role="trigger", secret_sha256=digest)
+        secrets[name] = token
+    srv = await make_server(client_settings.model_copy(update={"auth": "enabled"}), flows)
+    async with (AsyncClient(srv.base, token=secrets["tenant-a"]) as a,
+                AsyncClient(srv.base, token=secrets["tenant-b"]) as b):
+        assert (await a.start("client-echo", {"n": 1}, execution_id="shared",
+                              if_exists="return")).created
+        assert not (await a.start("client-echo", {"n": 1}, execution_id="shared",
+                                  if_exists="return")).created
+        with pytest.raises(ExecutionIdConflict) as taken:
+            await b.start("client-echo", {"n": 1}, execution_id="shared", if_exists="return")
+    assert "already taken" in taken.value.message
+    assert "status" not in taken.value.details and "workflowId" not in taken.value.details

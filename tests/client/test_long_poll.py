@@ -60,6 +60,8 @@ async def test_a_thousand_waiters_hold_a_handful_of_connections_and_all_return(
             await asyncio.gather(*(store.request_cancel(eid, "test") for eid in ids[start:start + 100]))
         answers = await asyncio.wait_for(asyncio.gather(*calls), 30)
         elapsed = time.monotonic() - started
+    print(f"1000 waiters: backends while waiting {backends}; all answered {elapsed:.2f} s "
+          "after the first cancel")
     assert [a.status_code for a in answers] == [200] * 1000
     assert {a.json()["status"] for a in answers} == {"cancelled"}
     assert srv.app.state.waiters.count == 0
