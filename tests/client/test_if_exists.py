@@ -117,3 +117,15 @@ async def test_another_tenants_execution_is_not_returned(make_server, client_set
             await b.start("client-echo", {"n": 1}, execution_id="shared", if_exists="return")
     assert "already taken" in taken.value.message
     assert "status" not in taken.value.details and "workflowId" not in taken.value.details
+
+
+async def test_the_returned_record_is_the_one_get_answers(server):
+    async with server.client() as http:
+        await http.post("/v1/executions", json=admission("order-same"))
+        again = await http.post("/v1/executions", json=admission("order-same", ifExists="return"))
+        read = await http.get("/v1/executions/order-same")
+    assert again.status_code == 200
+    returned, current = again.json(), read.json()
+    for moving in ("updatedAt", "dueAt", "blockedBy", "status", "lease", "token"):
+        returned.pop(moving), current.pop(moving)
+    assert returned == current

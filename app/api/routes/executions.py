@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -126,7 +125,9 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
     if isinstance(result, Existing):
         existing = await _existing_record(store, settings, principal, result)
         if existing is not None:
-            return JSONResponse(jsonable_encoder(existing), status_code=200,
+            # Serialized by the model, exactly as GET /v1/executions/{id} answers.
+            body = ExecutionRecord.model_validate(existing).model_dump(mode="json", by_alias=True)
+            return JSONResponse(body, status_code=200,
                                 headers={"Location": f"/v1/executions/{result.execution_id}"})
         # Another token's execution: only that the ID is taken (below).
         result = Conflict(result.execution_id, result.status, req.workflow_id)
