@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import bench, devserver, serve, shared_settings, soak, tokens_cli
+from app import bench, devserver, opscli, serve, shared_settings, soak, tokens_cli
 from app.settings import Settings
 
 EXIT_OK = 0
@@ -159,6 +159,12 @@ COMMANDS: dict[str, Command] = {
                 _with_settings(bench.run)),
         Command("soak", "admit under load while killing workers; verify; prints one JSON line",
                 soak.configure, _with_settings(soak.run)),
+        # The operator CLI speaks HTTP (FENCEPOST_URL, FENCEPOST_TOKEN), not SQL.
+        Command("executions", "list, inspect and act on executions over the HTTP API",
+                opscli.configure_executions, opscli.run),
+        Command("workers", "the workers the API knows of", opscli.configure_workers, opscli.run),
+        Command("operations", "bulk operations over the HTTP API: create, get, cancel",
+                opscli.configure_operations, opscli.run),
     ]
 }
 

@@ -1,0 +1,410 @@
+"""The operator CLI over HTTP: `fencepost executions ...`, `fencepost workers`,
+`fencepost operations ...`.
+
+It speaks only the public HTTP API, through app.client.Client, like any other
+caller: FENCEPOST_URL (default http://127.0.0.1:8000) and FENCEPOST_TOKEN,
+overridden by --url / --token. A readable table (or a `key: value` block for one
+record) by default; --json prints the API's JSON.
+
+Exit codes: 0 done; 1 the API said no (`error: CODE: message` on stderr);
+2 usage (argparse, bad JSON in an argument) or configuration (no service at the
+URL, a URL that is not http(s)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from app.client import Client, FencepostError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+STATUSES = ("admitted", "running", "suspended", "parked", "completed", "failed", "cancelled",
+            "timed_out")
+ACTIONS = ("cancel", "redrive", "resume", "resolve")
+MAX_PAGE = 500  # the API's largest page of executions
+
+
+class ConfigError(Exception):
+    """Bad configuration or no service: exit 2, one line naming FENCEPOST_URL."""
+
+
+# ------------------------------------------------------------- arguments
+
+
+def json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+
+
+def failure_arg(text: str) -> dict[str, str]:
+    name, sep, message = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"give NAME:MESSAGE, for example "
+                                         f"CardDeclined:'the bank said no'; got {text!r}")
+    return {"name": name.strip(), "message": message.strip()}
+
+
+def ids_arg(text: str) -> list[str]:
+    ids = [i.strip() for i in text.split(",") if i.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("give execution IDs separated by commas")
+    return ids
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0; got {text!r}")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection and output")
+    g.add_argument("--url", help=f"the API's base URL (default: $FENCEPOST_URL, else {DEFAULT_URL})")
+    g.add_argument("--token", help="bearer token (default: $FENCEPOST_TOKEN)")
+    g.add_argument("--json", action="store_true", help="print the API's JSON")
+
+
+def _sub(group: argparse._SubParsersAction, name: str, help_: str,
+         run: Callable[[Client, argparse.Namespace], Any]) -> argparse.ArgumentParser:
+    p = group.add_parser(name, help=help_, description=help_)
+    _common(p)
+    p.set_defaults(_ops=run)
+    return p
+
+
+def _group(p: argparse.ArgumentParser, name: str) -> argparse._SubParsersAction:
+    sub = p.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
+    sub.required = True
+    return sub
+
+
+# ------------------------------------------------------------ executions
+
+
+def configure_executions(p: argparse.ArgumentParser) -> None:
+    sub = _group(p, "executions")
+
+    s = _sub(sub, "list", "executions, newest first", cmd_list)
+    s.add_argument("--status", choices=STATUSES)
+    s.add_argument("--workflow", metavar="WORKFLOW_ID")
+    s.add_argument("--limit", type=int, default=50, metavar="N",
+                   help="at most N (default 50; the API allows 1 to 500)")
+    s.add_argument("--all", action="store_true", help="every match, page after page")
+
+    s = _sub(sub, "get", "one execution's record", cmd_get)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--wait", type=float, metavar="SECONDS",
+                   help="answer as soon as it ends, or after SECONDS (up to 60)")
+
+    s = _sub(sub, "events", "its history, oldest first", cmd_events)
+    s.add_argument("execution_id", metavar="ID")
+
+    s = _sub(sub, "steps", "its recorded, in-doubt and superseded steps", cmd_steps)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--values", action="store_true", help="with results and errors")
+
+    s = _sub(sub, "start", "admit an execution", cmd_start)
+    s.add_argument("workflow_id", metavar="WORKFLOW")
+    s.add_argument("--id", dest="new_id", metavar="ID", help="its ID (default: the server picks)")
+    s.add_argument("--params", type=json_arg, default={}, metavar="JSON")
+    s.add_argument("--if-exists", choices=("error", "return"), default="error",
+                   help="return: the same admission made before answers its record (exit 0)")
+
+    s = _sub(sub, "signal", "send a signal (payload: JSON, default null)", cmd_signal)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("name", metavar="NAME")
+    s.add_argument("payload", type=json_arg, nargs="?", default=None, metavar="PAYLOAD_JSON")
+
+    s = _sub(sub, "cancel", "request cancellation (its cleanup code runs)", cmd_cancel)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--by", metavar="WHO", help="who decided (kept in the event)")
+
+    s = _sub(sub, "terminate", "cancel at once, no cleanup code run", cmd_terminate)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--by", metavar="WHO")
+
+    s = _sub(sub, "redrive", "reopen an ended execution under the same ID", cmd_redrive)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--from-step", metavar="KEY",
+                   help="run again from this step on (needed for a completed execution)")
+    s.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                   help="its new deadline, from now (default: none)")
+    s.add_argument("--reason", metavar="TEXT")
+
+    s = _sub(sub, "fork", "a new execution with the steps recorded before --from-step", cmd_fork)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--from-step", required=True, metavar="KEY")
+    s.add_argument("--id", dest="new_id", metavar="NEW", help="the fork's ID")
+    s.add_argument("--params", type=json_arg, metavar="JSON", help="default: the source's")
+
+    s = _sub(sub, "resolve", "settle a step whose outcome is unknown", cmd_resolve)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("step", metavar="STEP")
+    how = s.add_mutually_exclusive_group(required=True)
+    how.add_argument("--succeed", type=json_arg, metavar="JSON",
+                     help="it happened: record JSON as the step's result")
+    how.add_argument("--fail", type=failure_arg, metavar="NAME:MESSAGE",
+                     help="it did not: record this error as the step's failure")
+    how.add_argument("--retry", action="store_true",
+                     help="call it once more with the same idempotency key")
+    s.add_argument("--by", metavar="WHO")
+
+    s = _sub(sub, "resume", "make an execution parked as poison due again", cmd_resume)
+    s.add_argument("execution_id", metavar="ID")
+    s.add_argument("--by", metavar="WHO")
+
+
+def _path(*parts: str) -> str:
+    return "/v1/executions" + "".join("/" + quote(p, safe="") for p in parts)
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def cmd_list(fp: Client, args: argparse.Namespace) -> Any:
+    query = _body(status=args.status, workflowId=args.workflow)
+    if args.all:
+        executions = list(fp.list(**query, limit=MAX_PAGE))
+        page = {"executions": executions, "nextCursor": None}
+    else:
+        page = fp._call("GET", "/v1/executions", params={**query, "limit": args.limit}).json()
+    if args.json:
+        return page
+    table(page["executions"], [("EXECUTION ID", "executionId"), ("WORKFLOW", "workflowId"),
+                               ("STATUS", "status"), ("ADMITTED", "admittedAt"),
+                               ("UPDATED", "updatedAt"), ("BLOCKED BY", "blockedBy")])
+    if page.get("nextCursor"):
+        print(f"(more than {args.limit}: --limit N or --all)", file=sys.stderr)
+    return None
+
+
+def cmd_get(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.get(args.execution_id, wait_seconds=args.wait)
+
+
+def cmd_events(fp: Client, args: argparse.Namespace) -> Any:
+    events = fp.events(args.execution_id)
+    if args.json:
+        return {"events": events, "nextAfter": None}
+    table(events, [("EVENT", "eventId"), ("AT", "at"), ("KIND", "kind"), ("TOKEN", "token"),
+                   ("DETAIL", "detail")])
+    return None
+
+
+def cmd_steps(fp: Client, args: argparse.Namespace) -> Any:
+    steps: list[dict[str, Any]] = []
+    query: dict[str, Any] = {"limit": 1000, "includeValues": args.values}
+    while True:
+        page = fp._call("GET", _path(args.execution_id, "steps"), params=query).json()
+        steps.extend(page["steps"])
+        if not page.get("nextCursor"):
+            break
+        query["cursor"] = page["nextCursor"]
+    if args.json:
+        return {"steps": steps, "nextCursor": None}
+    for step in steps:
+        if step.get("supersededAt"):
+            step["status"] = f"{step['status']} (superseded)"
+    columns = [("STEP", "stepKey"), ("STATUS", "status"), ("ATTEMPTS", "attempts"),
+               ("TOKEN", "token"), ("FUNCTION", "function"), ("RECORDED", "recordedAt"),
+               ("IDEMPOTENCY KEY", "idempotencyKey")]
+    if args.values:
+        columns += [("RESULT", "result"), ("ERROR", "error")]
+    table(steps, columns)
+    return None
+
+
+def cmd_start(fp: Client, args: argparse.Namespace) -> Any:
+    started = fp.start(args.workflow_id, args.params, execution_id=args.new_id,
+                       if_exists=args.if_exists)
+    if args.json:
+        return started.record or {"executionId": started.execution_id, "status": started.status}
+    return {"executionId": started.execution_id, "status": started.status,
+            "created": started.created}
+
+
+def cmd_signal(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.signal(args.execution_id, args.name, args.payload)
+
+
+def cmd_cancel(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.cancel(args.execution_id, by=args.by)
+
+
+def cmd_terminate(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.terminate(args.execution_id, by=args.by)
+
+
+def cmd_redrive(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.redrive(args.execution_id, from_step=args.from_step, reason=args.reason,
+                      timeout_seconds=args.timeout)
+
+
+def cmd_fork(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.fork(args.execution_id, args.from_step, execution_id=args.new_id,
+                   params=args.params)
+
+
+def cmd_resolve(fp: Client, args: argparse.Namespace) -> Any:
+    if args.retry:
+        body: dict[str, Any] = {"action": "retry"}
+    elif args.fail is not None:
+        body = {"action": "fail", "error": args.fail}
+    else:
+        # --succeed null records null: "result" is sent even when it is None.
+        body = {"action": "succeed", "result": args.succeed}
+    if args.by is not None:
+        body["by"] = args.by
+    return fp._call("POST", _path(args.execution_id, "steps", args.step, "resolve"),
+                    json=body).json()
+
+
+def cmd_resume(fp: Client, args: argparse.Namespace) -> Any:
+    return fp._call("POST", _path(args.execution_id, "resume"), json=_body(by=args.by)).json()
+
+
+# --------------------------------------------------------------- workers
+
+
+def configure_workers(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.set_defaults(_ops=cmd_workers)
+
+
+def cmd_workers(fp: Client, args: argparse.Namespace) -> Any:
+    answer = fp._call("GET", "/v1/workers").json()
+    if args.json:
+        return answer
+    table(answer["workers"], [("WORKER", "workerId"), ("HOST", "host"), ("PID", "pid"),
+                              ("ALIVE", "alive"), ("CONCURRENCY", "concurrency"),
+                              ("HEARTBEAT", "heartbeatAt"), ("WORKFLOWS", "workflows")])
+    return None
+
+
+# ------------------------------------------------------------ operations
+
+
+def configure_operations(p: argparse.ArgumentParser) -> None:
+    sub = _group(p, "operations")
+
+    s = _sub(sub, "create", "act on every execution a filter matches (bulk)", cmd_op_create)
+    s.add_argument("--action", required=True, choices=ACTIONS)
+    s.add_argument("--workflow", metavar="WORKFLOW_ID")
+    s.add_argument("--status", choices=STATUSES)
+    s.add_argument("--ids", type=ids_arg, metavar="ID,ID,...")
+    s.add_argument("--dry-run", action="store_true",
+                   help="only count the matches and show a sample; nothing is done")
+    s.add_argument("--reason", metavar="TEXT")
+
+    s = _sub(sub, "get", "an operation's progress and failures", cmd_op_get)
+    s.add_argument("operation_id", metavar="OP_ID")
+
+    s = _sub(sub, "cancel", "stop an operation (what it did stays done)", cmd_op_cancel)
+    s.add_argument("operation_id", metavar="OP_ID")
+
+
+def _op_path(*parts: str) -> str:
+    return "/v1/operations" + "".join("/" + quote(p, safe="") for p in parts)
+
+
+def cmd_op_create(fp: Client, args: argparse.Namespace) -> Any:
+    body = _body(action=args.action, reason=args.reason,
+                 filter=_body(workflowId=args.workflow, status=args.status,
+                              executionIds=args.ids))
+    if args.dry_run:
+        body["dryRun"] = True
+    return fp._call("POST", _op_path(), json=body, ok=(200, 201, 202)).json()
+
+
+def cmd_op_get(fp: Client, args: argparse.Namespace) -> Any:
+    return fp._call("GET", _op_path(args.operation_id)).json()
+
+
+def cmd_op_cancel(fp: Client, args: argparse.Namespace) -> Any:
+    return fp._call("POST", _op_path(args.operation_id, "cancel"), ok=(200, 202)).json()
+
+
+# ---------------------------------------------------------------- output
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        # RFC 3339 times read as "2026-01-01 12:00:00" (UTC as the API gives them).
+        if len(value) >= 19 and value[4] == "-" and value[10] == "T" and value[13] == ":":
+            return value[:19].replace("T", " ")
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value) or "-"
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    cells = [[title for title, _ in columns]]
+    cells += [[_cell(row.get(key)) for _, key in columns] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns) - 1)]
+    for r in cells:
+        print("  ".join([c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]))
+
+
+def block(record: dict[str, Any]) -> None:
+    width = max((len(k) for k in record), default=0)
+    for key, value in record.items():
+        print(f"{key + ':':<{width + 1}} {_cell(value)}")
+
+
+# ------------------------------------------------------------------- run
+
+
+def client_for(args: argparse.Namespace) -> tuple[Client, str]:
+    url = args.url or os.environ.get("FENCEPOST_URL") or DEFAULT_URL
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"FENCEPOST_URL (or --url) {url!r} is not an http(s) URL; "
+                          f"for example {DEFAULT_URL}")
+    token = args.token if args.token is not None else os.environ.get("FENCEPOST_TOKEN")
+    return Client(url, token=token or None), url
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen subcommand; print its answer; the exit code."""
+    try:
+        fp, url = client_for(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with fp:
+            answer = args._ops(fp, args)
+    except FencepostError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_REFUSED
+    except httpx.TransportError as exc:
+        print(f"error: cannot reach fencepost at {url} (FENCEPOST_URL or --url): "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if answer is not None:
+        if args.json:
+            print(json.dumps(answer, indent=2, ensure_ascii=False))
+        else:
+            block(answer)
+    return EXIT_OK
