@@ -47,6 +47,7 @@ __all__ = [
     "WaitTimeout", "WorkflowNotFound",
 ]
 
+History = list[dict[str, Any]]  # `list` is also a method name in the clients below
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "timed_out"})
 MAX_WAIT_SECONDS = 60.0  # the server's bound on waitSeconds
 MAX_RETRY_AFTER_SECONDS = 30.0
@@ -279,6 +280,15 @@ def error_from(response: httpx.Response) -> FencepostError:
     return cls(message, code=code, status_code=response.status_code, details=error)
 
 
+def _body(response: httpx.Response) -> dict[str, Any]:
+    """A success answer's JSON object."""
+    body = response.json()
+    if not isinstance(body, dict):
+        raise FencepostError(f"expected a JSON object, got: {response.text[:200]}",
+                             code="UNEXPECTED_RESPONSE", status_code=response.status_code)
+    return body
+
+
 def outcome_of(record: dict[str, Any]) -> Any:
     """The result of a completed record; the exception for another end."""
     if record["status"] == "completed":
@@ -323,7 +333,7 @@ def _admission(workflow_id: str, params: Any, execution_id: str | None, if_exist
 
 
 def _started(response: httpx.Response) -> Started:
-    body = response.json()
+    body = _body(response)
     created = response.status_code == 201
     return Started(body["executionId"], body["status"], created, None if created else body)
 
@@ -411,7 +421,7 @@ class Client:
         it ends or when that time is up."""
         params = {"waitSeconds": wait_seconds} if wait_seconds else None
         timeout = self.timeout + (wait_seconds or 0)
-        return self._call("GET", _path(execution_id), params=params, timeout=timeout).json()
+        return _body(self._call("GET", _path(execution_id), params=params, timeout=timeout))
 
     def result(self, execution_id: str, timeout: float | None = None) -> Any:
         """Wait (long-poll) until the execution ends and return its result;
@@ -427,30 +437,30 @@ class Client:
         return outcome_of(record)
 
     def signal(self, execution_id: str, name: str, payload: Any = None) -> dict[str, Any]:
-        return self._call("POST", _path(execution_id, "signals", name), json=payload,
-                          ok=(202,)).json()
+        return _body(self._call("POST", _path(execution_id, "signals", name), json=payload,
+                          ok=(202,)))
 
     def cancel(self, execution_id: str, *, by: str | None = None) -> dict[str, Any]:
-        return self._call("POST", _path(execution_id, "cancel"), json=_without_none(by=by),
-                          ok=(202,)).json()
+        return _body(self._call("POST", _path(execution_id, "cancel"), json=_without_none(by=by),
+                          ok=(202,)))
 
     def terminate(self, execution_id: str, *, by: str | None = None) -> dict[str, Any]:
-        return self._call("POST", _path(execution_id, "terminate"), json=_without_none(by=by),
-                          ok=(202,)).json()
+        return _body(self._call("POST", _path(execution_id, "terminate"), json=_without_none(by=by),
+                          ok=(202,)))
 
     def redrive(self, execution_id: str, from_step: str | None = None, reason: str | None = None,
                 timeout_seconds: float | None = None) -> dict[str, Any]:
         """Run an ended execution again from `from_step` (default: where it
         failed); answers {"executionId", "status"}."""
         body = _without_none(fromStep=from_step, reason=reason, timeoutSeconds=timeout_seconds)
-        return self._call("POST", _path(execution_id, "redrive"), json=body, ok=(202,)).json()
+        return _body(self._call("POST", _path(execution_id, "redrive"), json=body, ok=(202,)))
 
     def fork(self, source_id: str, from_step: str, execution_id: str | None = None,
              params: Any = None) -> dict[str, Any]:
         """A new execution (`execution_id`, else one the server picks) that
         starts from `source_id`'s recorded steps before `from_step`."""
         body = _without_none(fromStep=from_step, executionId=execution_id, params=params)
-        return self._call("POST", _path(source_id, "fork"), json=body, ok=(201,)).json()
+        return _body(self._call("POST", _path(source_id, "fork"), json=body, ok=(201,)))
 
     def list(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every execution matching the filters (status, workflow_id,
@@ -458,19 +468,19 @@ class Client:
         first, page after page (`limit` is the page size)."""
         query = _query(filters)
         while True:
-            page = self._call("GET", "/v1/executions", params=query).json()
+            page = _body(self._call("GET", "/v1/executions", params=query))
             yield from page["executions"]
             if not page.get("nextCursor"):
                 return
             query["cursor"] = page["nextCursor"]
 
-    def events(self, execution_id: str) -> list[dict[str, Any]]:
+    def events(self, execution_id: str) -> History:
         """The execution's whole history, oldest first."""
-        out: list[dict[str, Any]] = []
+        out: History = []
         after = 0
         while True:
-            page = self._call("GET", _path(execution_id, "events"),
-                              params={"after": after, "limit": 1000}).json()
+            page = _body(self._call("GET", _path(execution_id, "events"),
+                              params={"after": after, "limit": 1000}))
             out.extend(page["events"])
             if page.get("nextAfter") is None:
                 return out
@@ -525,8 +535,8 @@ class AsyncClient:
                   wait_seconds: float | None = None) -> dict[str, Any]:
         params = {"waitSeconds": wait_seconds} if wait_seconds else None
         timeout = self.timeout + (wait_seconds or 0)
-        return (await self._call("GET", _path(execution_id), params=params,
-                                 timeout=timeout)).json()
+        return _body(await self._call("GET", _path(execution_id), params=params,
+                                 timeout=timeout))
 
     async def result(self, execution_id: str, timeout: float | None = None) -> Any:
         started = time.monotonic()
@@ -539,46 +549,46 @@ class AsyncClient:
         return outcome_of(record)
 
     async def signal(self, execution_id: str, name: str, payload: Any = None) -> dict[str, Any]:
-        return (await self._call("POST", _path(execution_id, "signals", name), json=payload,
-                                 ok=(202,))).json()
+        return _body(await self._call("POST", _path(execution_id, "signals", name), json=payload,
+                                 ok=(202,)))
 
     async def cancel(self, execution_id: str, *, by: str | None = None) -> dict[str, Any]:
-        return (await self._call("POST", _path(execution_id, "cancel"),
-                                 json=_without_none(by=by), ok=(202,))).json()
+        return _body(await self._call("POST", _path(execution_id, "cancel"),
+                                 json=_without_none(by=by), ok=(202,)))
 
     async def terminate(self, execution_id: str, *, by: str | None = None) -> dict[str, Any]:
-        return (await self._call("POST", _path(execution_id, "terminate"),
-                                 json=_without_none(by=by), ok=(202,))).json()
+        return _body(await self._call("POST", _path(execution_id, "terminate"),
+                                 json=_without_none(by=by), ok=(202,)))
 
     async def redrive(self, execution_id: str, from_step: str | None = None,
                       reason: str | None = None,
                       timeout_seconds: float | None = None) -> dict[str, Any]:
         body = _without_none(fromStep=from_step, reason=reason, timeoutSeconds=timeout_seconds)
-        return (await self._call("POST", _path(execution_id, "redrive"), json=body,
-                                 ok=(202,))).json()
+        return _body(await self._call("POST", _path(execution_id, "redrive"), json=body,
+                                 ok=(202,)))
 
     async def fork(self, source_id: str, from_step: str, execution_id: str | None = None,
                    params: Any = None) -> dict[str, Any]:
         body = _without_none(fromStep=from_step, executionId=execution_id, params=params)
-        return (await self._call("POST", _path(source_id, "fork"), json=body,
-                                 ok=(201,))).json()
+        return _body(await self._call("POST", _path(source_id, "fork"), json=body,
+                                 ok=(201,)))
 
     async def list(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
         query = _query(filters)
         while True:
-            page = (await self._call("GET", "/v1/executions", params=query)).json()
+            page = _body(await self._call("GET", "/v1/executions", params=query))
             for execution in page["executions"]:
                 yield execution
             if not page.get("nextCursor"):
                 return
             query["cursor"] = page["nextCursor"]
 
-    async def events(self, execution_id: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    async def events(self, execution_id: str) -> History:
+        out: History = []
         after = 0
         while True:
-            page = (await self._call("GET", _path(execution_id, "events"),
-                                     params={"after": after, "limit": 1000})).json()
+            page = _body(await self._call("GET", _path(execution_id, "events"),
+                                     params={"after": after, "limit": 1000}))
             out.extend(page["events"])
             if page.get("nextAfter") is None:
                 return out
