@@ -188,3 +188,16 @@ async def test_a_client_that_disconnects_frees_its_waiter(server, store):
     async def freed():
         return waiters.count == 0
     await until(freed, 5, what="the waiter to be freed")
+
+
+async def test_a_deadline_that_passes_ends_the_wait_without_any_write(server, store):
+    """No process writes the end (no worker, no reaper): the record reads
+    timed_out once its deadline passes, and the re-check finds it."""
+    await store.admit(workflow_id="never-runs", params={}, execution_id="late",
+                      timeout_seconds=1.0)
+    async with server.client() as http:
+        started = time.monotonic()
+        answer = await http.get("/v1/executions/late", params={"waitSeconds": 30})
+        elapsed = time.monotonic() - started
+    assert answer.json()["status"] == "timed_out"
+    assert elapsed < 5, elapsed
