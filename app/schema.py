@@ -83,6 +83,10 @@ executions = Table(
     # Seconds cleanup code may run after a cancel request or the deadline
     # (fencepost_cleanup_ends); each claim writes the claiming code's value.
     Column("cleanup_seconds", Float, nullable=False, server_default=text("30")),
+    # Times redriven (POST .../redrive); a fork's source execution and step.
+    Column("redrives", Integer, nullable=False, server_default=text("0")),
+    Column("forked_from", Text, nullable=True),
+    Column("forked_from_step", Text, nullable=True),
     # Late observations that disagreed with what was recorded (never applied).
     Column("integrity_conflicts", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(
@@ -125,6 +129,12 @@ Index(
     postgresql_where=text(
         "cancel_requested_at IS NOT NULL AND status IN ('admitted', 'suspended', 'parked')"
     ),
+)
+# A source execution's forks.
+Index(
+    "ix_executions_forked_from",
+    executions.c.forked_from,
+    postgresql_where=text("forked_from IS NOT NULL"),
 )
 # Children of a parent: woken on their end, cancelled with it.
 Index(
@@ -403,4 +413,74 @@ shared_settings = Table(
     Column("name", Text, primary_key=True),
     Column("value", JSONB, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+
+# Steps a redrive took out of the record (the failed step and what was
+# recorded after it), kept as they were, with when and by which redrive.
+superseded_steps = Table(
+    "superseded_steps",
+    metadata,
+    Column("superseded_id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("step_key", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("value", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("function_name", Text, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("superseded_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("redrive", Integer, nullable=False),
+)
+Index("ix_superseded_steps_execution", superseded_steps.c.execution_id,
+      superseded_steps.c.superseded_id)
+
+# A bulk action over the executions its filter matched when it was created
+# (its items), carried out by workers in bounded batches; each item is marked
+# in the transaction that acts on its execution, so a crash repeats nothing.
+operations = Table(
+    "operations",
+    metadata,
+    Column("operation_id", Text, primary_key=True),
+    Column("action", Text, nullable=False),
+    Column("filter", JSONB, nullable=False),
+    # Action arguments (redrive: fromStep, timeoutSeconds; resolve: the resolution).
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("reason", Text, nullable=True),
+    Column("created_by", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("matched", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("action IN ('cancel', 'redrive', 'resume', 'resolve')", name="action_known"),
+    CheckConstraint("status IN ('running', 'completed', 'cancelled')", name="status_known"),
+)
+operation_items = Table(
+    "operation_items",
+    metadata,
+    Column(
+        "operation_id",
+        Text,
+        ForeignKey("operations.operation_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("execution_id", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("code", Text, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("done_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("operation_id", "execution_id"),
+    CheckConstraint("status IN ('pending', 'done', 'failed')", name="status_known"),
+)
+Index(
+    "ix_operation_items_pending",
+    operation_items.c.operation_id,
+    operation_items.c.execution_id,
+    postgresql_where=text("status = 'pending'"),
 )

@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 from pydantic import ValidationError
 
+from app.bulk import OperationRunner
 from app.db import asyncpg_dsn, create_pool
 from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
 from app.logs import Fields
@@ -193,6 +194,8 @@ class Worker:
                 asyncio.create_task(self._maintain(RetentionPruner(
                     self.store, retention_seconds=s.retention.total_seconds())), name="retention"),
                 asyncio.create_task(self._maintain(Scheduler.from_settings(self.store, self.workflows, s)), name="scheduler"),
+                asyncio.create_task(self._maintain(OperationRunner(
+                    self.store, interval=s.poll_seconds)), name="operations"),
             ]
             await self._watch(side)
             await self._drain()
@@ -294,9 +297,9 @@ class Worker:
         """The recorded steps of claimed replays, in one statement. The claim
         has committed: if this read fails, each delivery reads its own steps
         (no claimed execution is left to its lease's expiry)."""
-        # Token 1 is the first claim ever: no holder can have recorded a
-        # step yet, so there is nothing to read.
-        replays = [d.lease.execution_id for d in deliveries if d.lease.token > 1]
+        # A first claim of an execution that was not forked finds nothing
+        # recorded (no holder came before it): there is nothing to read.
+        replays = [d.lease.execution_id for d in deliveries if d.has_history]
         none_yet = {d.lease.execution_id: {} for d in deliveries}
         if not replays:
             return none_yet
@@ -612,7 +615,8 @@ class Worker:
 
     # ------------------------------------------------------------------ reaper
 
-    async def _maintain(self, service: LeaseReaper | RetentionPruner) -> None:
+    async def _maintain(self, service: LeaseReaper | RetentionPruner | Scheduler
+                        | OperationRunner) -> None:
         """Run a maintenance service until the worker is done, riding out outages."""
         backoff = Backoff()
         while not self._done.is_set():

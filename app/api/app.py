@@ -11,7 +11,17 @@ from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
 from app.api.limits import RequestGuard, parse_allowed_hosts
 from app.api.openapi import publish
-from app.api.routes import executions, health, history, metrics, operations, schedules, signals
+from app.api.routes import (
+    bulk,
+    executions,
+    health,
+    history,
+    metrics,
+    operations,
+    redrive,
+    schedules,
+    signals,
+)
 from app.api.waiters import Waiters
 from app.db import create_pool
 from app.migrate import check_schema
@@ -66,6 +76,8 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(executions.router)
     app.include_router(signals.router)
     app.include_router(operations.router)
+    app.include_router(redrive.router)
+    app.include_router(bulk.router)
     app.include_router(history.router)
     app.include_router(metrics.router)
     app.include_router(schedules.router)

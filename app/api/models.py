@@ -104,6 +104,9 @@ class ExecutionSummary(Camel):
     deadline: datetime | None
     cancel_requested_at: datetime | None
     parent_execution_id: str | None = None
+    redrives: int = Field(0, description="Times redriven (POST .../redrive).")
+    forked_from: dict[str, str] | None = Field(
+        None, description="{executionId, step} of the execution this one was forked from.")
     parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
     integrity_conflicts: int = Field(
         0, description="Late observations of stale holders that differ from what was recorded "
@@ -191,6 +194,11 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
         "cancelRequestedAt": row["cancel_requested_at"],
         "parentExecutionId": row["parent_execution_id"],
         "integrityConflicts": row["integrity_conflicts"],
+        "redrives": row["redrives"],
+        "forkedFrom": (
+            {"executionId": row["forked_from"], "step": row["forked_from_step"]}
+            if row["forked_from"] is not None else None
+        ),
         "parked": (
             {"reason": row["parked_reason"], "step": row["parked_step"]}
             if row["status"] == "parked" else None

@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.admission import AdmissionStatements
+from app.store.bulk import BulkStatements
 from app.store.clock import ClockStatements
 from app.store.compose import ComposeStatements, TransactionFailed  # noqa: F401
 from app.store.effects import EffectAttempt, EffectStatements  # noqa: F401
 from app.store.leases import LeaseStatements
 from app.store.operator import OperatorStatements
 from app.store.policy import PolicyStatements
+from app.store.redrive import Forked, Redriven, RedriveStatements  # noqa: F401
 from app.store.retry import RetryingPool, retrying
 from app.store.schedules import ScheduleStatements, ScheduleTurn  # noqa: F401
 from app.store.sessions import SessionStatements
@@ -51,6 +53,8 @@ class ExecutionStore(
     ComposeStatements,
     SignalStatements,
     OperatorStatements,
+    RedriveStatements,
+    BulkStatements,
     WorkerStatements,
     TokenStatements,
     UiStatements,

@@ -132,7 +132,8 @@ class LeaseStatements:
                           e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
                           now() AS claimed_at, {INTERRUPT_SQL},
                           fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
-                                                 e.cleanup_seconds) AS cleanup_ends
+                                                 e.cleanup_seconds) AS cleanup_ends,
+                          (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'lease_expired', token - 1,
@@ -168,6 +169,7 @@ class LeaseStatements:
                 taken_over=r["how"] == "expired",
                 interrupt=r["interrupt"],
                 cleanup_ends=r["cleanup_ends"],
+                has_history=r["has_history"],
             )
             for r in rows
         ]

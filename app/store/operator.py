@@ -137,13 +137,16 @@ class OperatorStatements:
         by: str,
         result: Any = None,
         error: dict | None = None,
+        db: Any = None,
     ) -> tuple[ResolveAnswer, str | None]:
         """Settle an outcome-unknown step and make the execution due now.
         succeed/fail record the step (as the operator says it ended); retry
         lets the next delivery call out once more with the same request
-        identity. Returns (answer, current status)."""
+        identity. Returns (answer, current status). `db`: a connection whose
+        transaction it joins (default: the pool)."""
+        db = db or self.pool
         try:
-            row = await self.pool.fetchrow(
+            row = await db.fetchrow(
                 f"""
                 WITH target AS (
                     SELECT e.execution_id, e.token, f.function_name
@@ -202,15 +205,15 @@ class OperatorStatements:
             raise InvalidEvent(str(exc)) from exc
         if row is not None:
             return "resolved", row["status"]
-        return await self._why_not_resolved(execution_id, step_key)
+        return await self._why_not_resolved(db, execution_id, step_key)
 
-    async def _why_not_resolved(self, execution_id: str, step_key: str
+    async def _why_not_resolved(self, db: Any, execution_id: str, step_key: str
                                 ) -> tuple[ResolveAnswer, str | None]:
         """Why a resolution changed nothing: no such execution, a step key the
         execution never recorded nor called out for (404), or a step that is
         not waiting for a decision (409). Read-only; the decision already
         failed atomically, so this only chooses the answer."""
-        row = await self.pool.fetchrow(
+        row = await db.fetchrow(
             """
             SELECT e.status,
                    EXISTS (SELECT 1 FROM execution_steps s
@@ -238,10 +241,13 @@ class OperatorStatements:
             "SELECT $1::timestamptz <= now() AS passed, now() AS now", deadline)
         return row["passed"], row["now"]
 
-    async def resume(self, execution_id: str, by: str) -> tuple[ResumeAnswer, str | None]:
+    async def resume(self, execution_id: str, by: str, *,
+                     db: Any = None) -> tuple[ResumeAnswer, str | None]:
         """Make a poison-parked execution due again; its counter is kept, so
-        one more unacknowledged delivery parks it again."""
-        row = await self.pool.fetchrow(
+        one more unacknowledged delivery parks it again. `db`: a connection
+        whose transaction it joins (default: the pool)."""
+        db = db or self.pool
+        row = await db.fetchrow(
             f"""
             WITH r AS (
                 UPDATE executions
@@ -264,7 +270,7 @@ class OperatorStatements:
         )
         if row is not None:
             return "resumed", row["status"]
-        status = await self.pool.fetchval(
+        status = await db.fetchval(
             "SELECT status FROM executions WHERE execution_id = $1", execution_id
         )
         return ("not_found", None) if status is None else ("not_parked", status)
@@ -339,9 +345,10 @@ class OperatorStatements:
         after: tuple[int, datetime, str] | None = None, owner: str | None = None,
     ) -> list[dict] | None:
         """Recorded steps (by recorded_at), then effect attempts in doubt (by
-        started_at), keyset-paginated on (group, time, step key); `after` is
-        the last row's `position`. None when the execution does not exist or
-        (with `owner`) was admitted by another token."""
+        started_at), then steps a redrive superseded (status 'superseded', by
+        their recorded_at), keyset-paginated on (group, time, step key);
+        `after` is the last row's `position`. None when the execution does not
+        exist or (with `owner`) was admitted by another token."""
         group, at, key = after if after is not None else (None, None, None)
         rows = await self.pool.fetch(
             """
@@ -357,7 +364,8 @@ class OperatorStatements:
                            CASE WHEN $2 THEN s.value END AS value,
                            CASE WHEN $2 THEN s.error END AS error,
                            pg_column_size(s.value) AS value_bytes,
-                           s.error ->> 'name' AS error_name
+                           s.error ->> 'name' AS error_name,
+                           NULL::timestamptz AS superseded_at, NULL::int AS redrive
                     FROM execution_steps s
                     LEFT JOIN effects f0
                            ON f0.execution_id = s.execution_id AND f0.step_key = s.step_key
@@ -365,12 +373,21 @@ class OperatorStatements:
                     UNION ALL
                     SELECT 1, f.started_at, f.step_key, f.status, f.attempts, f.token,
                            f.function_name, NULL, f.started_at, f.idempotency_key, NULL, NULL,
-                           NULL, NULL
+                           NULL, NULL, NULL, NULL
                     FROM effects f
                     WHERE f.execution_id = e.execution_id
                       AND NOT EXISTS (SELECT 1 FROM execution_steps s
                                       WHERE s.execution_id = f.execution_id
                                         AND s.step_key = f.step_key)
+                    UNION ALL
+                    -- Kept as they were when a redrive took them out of the record.
+                    SELECT 2, p.recorded_at, p.step_key, 'superseded', p.attempts, p.token,
+                           p.function_name, p.recorded_at, NULL, NULL,
+                           CASE WHEN $2 THEN p.value END, CASE WHEN $2 THEN p.error END,
+                           pg_column_size(p.value), p.error ->> 'name', p.superseded_at,
+                           p.redrive
+                    FROM superseded_steps p
+                    WHERE p.execution_id = e.execution_id
                 ) u
                 WHERE $4::int IS NULL
                    OR (u.grp, u.sort_at, u.step_key) > ($4::int, $5::timestamptz, $6::text)

@@ -64,6 +64,9 @@ class Delivery:
     # replay; and when its cleanup window closes (no code runs after).
     interrupt: str | None = None
     cleanup_ends: datetime | None = None
+    # Steps may be recorded: a holder came before this one (token > 1), or
+    # a fork copied them before its first claim.
+    has_history: bool = True
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def record_columns(threshold: int) -> str:
     execution_id, workflow_id, params, context, code_version,
     admitted_at, updated_at, token, deadline, cancel_requested_at,
     ever_suspended, waiting_on, cancel_requested_by, admitted_by,
-    parent_execution_id, integrity_conflicts,
+    parent_execution_id, integrity_conflicts, redrives, forked_from, forked_from_step,
     {_EXPIRED} AS lease_expired,
     {healed_status_sql(threshold)} AS status,
     CASE {settled} WHEN 'cancelled' THEN {cancelled} WHEN 'timed_out' THEN {timed_out}

@@ -28,6 +28,8 @@ STEPS = ("GET", "/v1/executions/{id}/steps", {})
 LATE = ("GET", "/v1/executions/{id}/late-observations", {})
 CANCEL = ("POST", "/v1/executions/{id}/cancel", {})
 TERMINATE = ("POST", "/v1/executions/{id}/terminate", {})
+REDRIVE = ("POST", "/v1/executions/{id}/redrive", {})
+FORK = ("POST", "/v1/executions/{id}/fork", {"json": {"fromStep": "charge"}})
 RESOLVE = ("POST", "/v1/executions/{id}/steps/charge/resolve",
            {"json": {"action": "retry"}})
 RESUME = ("POST", "/v1/executions/{id}/resume", {})
@@ -37,13 +39,14 @@ METRICS = ("GET", "/metrics", {})
 ROUTES = {
     "admit": ADMIT, "list": LIST, "get": GET, "wake": WAKE, "signal": SIGNAL,
     "events": EVENTS, "steps": STEPS, "late": LATE, "cancel": CANCEL,
-    "terminate": TERMINATE, "resolve": RESOLVE,
+    "terminate": TERMINATE, "redrive": REDRIVE, "fork": FORK, "resolve": RESOLVE,
     "resume": RESUME, "workers": WORKERS, "metrics": METRICS,
 }
 
 FORBIDDEN = {
     "trigger": {"cancel", "terminate", "resolve", "resume", "workers", "metrics"},
-    "read": {"admit", "wake", "signal", "cancel", "terminate", "resolve", "resume"},
+    "read": {"admit", "wake", "signal", "cancel", "terminate", "redrive", "fork", "resolve",
+             "resume"},
     "operate": {"admit"},
 }
 
@@ -404,3 +407,17 @@ async def test_auth_disabled_acts_as_anonymous_operator(settings, make_api) -> N
     assert r.status_code == 202, r.text
     events = (await api.get("/v1/executions/d1/events")).json()["events"]
     assert {e["detail"].get("by") for e in events if e["kind"] == "cancelled"} == {"carol"}
+
+
+async def test_a_trigger_token_redrives_and_forks_only_its_own(api, store, make_token) -> None:
+    mine, theirs = await make_token("trigger", "shop"), await make_token("trigger", "other")
+    eid = await admitted(store, "own-1", owner_token=theirs)
+    [d] = await store.claim_due(1, 30, "w")
+    await store.write_step(d.lease, "charge", value=1, function_name="f", attempts=1)
+    await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+    for route in (REDRIVE, FORK):
+        assert_error(await call(api, route, eid, mine), 404, "EXECUTION_NOT_FOUND")
+    assert (await store.get(eid))["status"] == "failed"
+    assert (await call(api, FORK, eid, theirs)).status_code == 201
+    r = await call(api, REDRIVE, eid, theirs)
+    assert r.status_code == 202 and r.json()["status"] == "admitted", r.text

@@ -85,6 +85,7 @@ def probes(s: Seeded) -> list[Probe]:
     wakes, signal = f"{one}/wakes", f"{one}/signals/{{name}}"
     cancel, resume = f"{one}/cancel", f"{one}/resume"
     terminate = f"{one}/terminate"
+    redrive, fork = f"{one}/redrive", f"{one}/fork"
     resolve = f"{one}/steps/{{step_key}}/resolve"
     pending, ghost = {"execution_id": s.pending}, {"execution_id": GHOST}
     done = {"execution_id": s.completed}
@@ -113,6 +114,8 @@ def probes(s: Seeded) -> list[Probe]:
           kw={"json": {**refund, "executionId": "parent~child"}}),
         P("POST", ex, 409, "EXECUTION_ID_CONFLICT", "trigger",
           kw={"json": {**refund, "executionId": "taken"}}),  # admitted in setup
+        P("POST", ex, 200, None, "trigger",  # the same start again, answered with the record
+          kw={"json": {**TAKEN, "ifExists": "return"}}),
         # Quotas: one admission and one signal a minute for this token.
         P("POST", ex, 201, None, "limited", kw={"json": refund}),
         P("POST", ex, 429, "RATE_LIMITED", "limited", kw={"json": refund}),
@@ -127,6 +130,7 @@ def probes(s: Seeded) -> list[Probe]:
         P("GET", one, 200, None, "read", pending),
         P("GET", one, 401, "UNAUTHENTICATED", None, pending),
         P("GET", one, 404, "EXECUTION_NOT_FOUND", "read", ghost),
+        P("GET", one, 422, "INVALID_REQUEST", "read", pending, {"params": {"waitSeconds": 61}}),
     ]
     for tail, bad_query in (("/events", {"after": -1}), ("/steps", {"includeValues": "maybe"}),
                             ("/late-observations", {"after": -1})):
@@ -177,6 +181,29 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", terminate, 409, "EXECUTION_TERMINAL", "operate", done),
         P("POST", terminate, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
         *body_errors(terminate, pending),
+        P("POST", redrive, 202, None, "operate", {"execution_id": "to-redrive"},
+          {"json": {"reason": "fixed"}}),
+        P("POST", redrive, 404, "EXECUTION_NOT_FOUND", "operate", ghost),
+        P("POST", redrive, 404, "STEP_NOT_FOUND", "operate", done, {"json": {"fromStep": "nope"}}),
+        P("POST", redrive, 409, "EXECUTION_NOT_ENDED", "operate", pending),
+        P("POST", redrive, 409, "REDRIVE_NEEDS_FROM_STEP", "operate", done),
+        P("POST", redrive, 422, "INVALID_REQUEST", "operate", pending, {"json": {"fromStep": 5}}),
+        P("POST", redrive, 422, "DEADLINE_IN_THE_PAST", "operate", done,
+          {"json": {"deadline": "2001-01-01T00:00:00Z"}}),
+        *body_errors(redrive, pending),
+        P("POST", fork, 201, None, "operate", {"execution_id": s.with_history},
+          {"json": {"fromStep": "first"}}),
+        P("POST", fork, 404, "EXECUTION_NOT_FOUND", "operate", ghost,
+          {"json": {"fromStep": "first"}}),
+        P("POST", fork, 404, "STEP_NOT_FOUND", "operate", pending, {"json": {"fromStep": "nope"}}),
+        P("POST", fork, 409, "EXECUTION_ID_CONFLICT", "operate", {"execution_id": s.with_history},
+          {"json": {"fromStep": "first", "executionId": "taken"}}),
+        P("POST", fork, 422, "INVALID_REQUEST", "operate", pending, {"json": {}}),
+        P("POST", fork, 422, "INVALID_PARAMS", "operate", {"execution_id": "taken"},
+          {"json": {"fromStep": "first", "params": {"order_id": "o", "amount_cents": 0}}}),
+        P("POST", fork, 422, "RESERVED_EXECUTION_ID", "operate", pending,
+          {"json": {"fromStep": "first", "executionId": "a~b"}}),
+        *body_errors(fork, pending),
         P("POST", resolve, 200, None, "operate", unknown,
           {"json": {"action": "succeed", "result": {"ok": True}}}),
         P("POST", resolve, 404, "EXECUTION_NOT_FOUND", "operate",
@@ -204,6 +231,10 @@ def probes(s: Seeded) -> list[Probe]:
     ]
     return out
 
+
+# Admitted by the trigger token in setup.
+TAKEN = {"workflowId": "hostile-refund", "executionId": "taken",
+         "params": {"order_id": "o", "amount_cents": 1}}
 
 SCHEDULE = {"scheduleId": "nightly", "workflowId": "hostile-refund", "cron": "0 2 * * *",
             "timezone": "Europe/Warsaw", "params": {"order_id": "o-1", "amount_cents": 5}}
@@ -322,8 +353,7 @@ def _check(c: Crafted, probe: Probe, r: httpx.Response, produced: dict) -> None:
 @pytest.mark.timeout(120)
 async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> None:
     c = crafted
-    taken = {"workflowId": "hostile-refund", "executionId": "taken",
-             "params": {"order_id": "o", "amount_cents": 1}}
+    taken = TAKEN
     headers = {"Authorization": f"Bearer {c.tokens['trigger']}"}
     assert (await c.api.post("/v1/executions", json=taken, headers=headers)).status_code == 201
     mine = {**taken, "executionId": "mine"}
@@ -332,6 +362,9 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
         "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now()), "
         "('to-terminate', 'x', '{}', '{}', 'admitted', now())")
+    await pool.execute(
+        "INSERT INTO executions (execution_id, workflow_id, params, context, status, outcome) "
+        """VALUES ('to-redrive', 'x', '{}', '{}', 'failed', '{"error": {"name": "E"}}')""")
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
         "VALUES ('full', 'x', '{}', '{}', 'admitted', now())")

@@ -86,7 +86,7 @@ def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         group, at, key = json.loads(raw)
         at = datetime.fromisoformat(at)
-        if (group not in (0, 1) or at.tzinfo is None or not isinstance(key, str)
+        if (group not in (0, 1, 2) or at.tzinfo is None or not isinstance(key, str)
                 or _UNSTORABLE_TEXT.search(key)):
             raise ValueError("not an issued cursor")
         at.astimezone(UTC)
@@ -99,8 +99,8 @@ def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
 
 
 @router.get("/v1/executions/{execution_id}/steps", response_model=StepList,
-            summary="Recorded steps, then effect attempts whose outcome is in doubt "
-            "(keyset pagination)",
+            summary="Recorded steps, then effect attempts whose outcome is in doubt, then "
+            "steps a redrive superseded (keyset pagination)",
             responses={**NOT_FOUND,
                        422: {"model": ErrorBody,
                              "description": "INVALID_REQUEST / INVALID_CURSOR"}})
@@ -132,6 +132,9 @@ async def steps(
             # trigger token sees them too (no tracebacks are kept there).
             "failedAttempts": r["failed_attempts"] or [],
         }
+        if r["superseded_at"] is not None:
+            # Taken out of the record by a redrive: when, and by which one.
+            step["supersededAt"], step["redrive"] = r["superseded_at"], r["redrive"]
         if include_values:
             step["result"], step["error"] = r["value"], error_for(principal, r["error"])
         out.append(step)

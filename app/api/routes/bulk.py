@@ -1,0 +1,204 @@
+"""Bulk operations: one action over every execution a filter matches, carried
+out by workers in bounded batches; progress and failures per execution."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from app.api.auth import Operator, actor
+from app.api.common import (
+    ERRORS,
+    FORBIDDEN,
+    UNAUTHENTICATED,
+    _body_schema,
+    _invalid,
+    _json,
+    _optional_body_schema,
+)
+from app.api.deps import SettingsDep, StoreDep
+from app.api.errors import ApiError
+from app.api.models import (
+    EXECUTION_ID_PATTERN,
+    ID_PATTERN,
+    Camel,
+    ErrorBody,
+    Status,
+    TimeString,
+)
+from app.api.routes.operations import ActorBody, StepError, _optional_body
+from app.store.bulk import MAX_MATCHED
+
+router = APIRouter(prefix="/v1/operations", tags=["bulk operations"],
+                   responses={**UNAUTHENTICATED, **FORBIDDEN})
+
+OPERATION_ID = r"^op-[0-9a-f]{16}$"
+
+
+class OperationFilter(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
+
+    workflow_id: str | None = Field(None, pattern=ID_PATTERN)
+    status: Status | None = None
+    admitted_from: TimeString | None = Field(None, description="admittedAt at or after (RFC 3339).")
+    admitted_to: TimeString | None = Field(None, description="admittedAt before (RFC 3339).")
+    min_unacknowledged_deliveries: int | None = Field(None, ge=0, le=2**31 - 1)
+    execution_ids: list[Annotated[str, Field(pattern=EXECUTION_ID_PATTERN)]] | None = Field(
+        None, min_length=1, max_length=10_000)
+
+
+class BulkResolution(Camel):
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["retry", "succeed", "fail"] = "retry"
+    result: Any = None
+    error: StepError | None = None
+
+
+class OperationRequest(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
+
+    action: Literal["cancel", "redrive", "resume", "resolve"]
+    filter: OperationFilter = Field(description="At least one condition; the executions it "
+                                    "matches when the operation is created are its items.")
+    dry_run: bool = Field(False, description="Answer the count and a sample; act on nothing.")
+    reason: str | None = Field(None, max_length=2000)
+    by: str | None = Field(None, max_length=200)
+    from_step: str | None = Field(None, pattern=ID_PATTERN, description="redrive: fromStep.")
+    timeout_seconds: float | None = Field(None, gt=0, le=10 * 365 * 86400, strict=True,
+                                          description="redrive: the new deadline from now.")
+    resolution: BulkResolution | None = Field(
+        None, description="resolve: what to decide for each execution's parked step "
+        "(default retry).")
+
+
+class OperationView(Camel):
+    operation_id: str
+    action: str
+    status: Literal["running", "completed", "cancelled"]
+    filter: dict[str, Any]
+    reason: str | None
+    by: str
+    matched: int
+    done: int
+    failed: int
+    pending: int
+    failures: list[dict[str, Any]] = Field(
+        description="The first 100 executions the action failed on: executionId, code, message.")
+    created_at: Any
+    finished_at: Any
+
+
+class DryRun(Camel):
+    dry_run: Literal[True]
+    matched: int
+    sample: list[str]
+
+
+def _view(row: dict) -> dict:
+    return {
+        "operationId": row["operation_id"], "action": row["action"], "status": row["status"],
+        "filter": row["filter"], "reason": row["reason"], "by": row["created_by"],
+        "matched": row["matched"], "done": row["done"], "failed": row["failed"],
+        "pending": row["pending"], "failures": row["failures"],
+        "createdAt": row["created_at"], "finishedAt": row["finished_at"],
+    }
+
+
+def _check_operation_id(operation_id: str) -> None:
+    if not re.match(OPERATION_ID, operation_id):
+        raise _not_found(operation_id)
+
+
+def _not_found(operation_id: str) -> ApiError:
+    return ApiError(404, "OPERATION_NOT_FOUND", f"no operation {operation_id[:100]!r}")
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=OperationView,
+    summary="Start a bulk action (cancel, redrive, resume, resolve) over the executions a filter "
+    "matches; with dryRun, only count them",
+    openapi_extra=_body_schema(OperationRequest),
+    responses={**ERRORS,
+               200: {"model": DryRun, "description": "dryRun: the count and a sample"},
+               422: {"model": ErrorBody,
+                     "description": "INVALID_REQUEST / TOO_MANY_MATCHED / INVALID_EXECUTION_EVENT"}},
+)
+async def create(request: Request, store: StoreDep, settings: SettingsDep, principal: Operator):
+    body = await _json(request, settings)
+    try:
+        req = OperationRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc, "INVALID_REQUEST") from None
+    spec = req.filter.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if not spec:
+        raise ApiError(422, "INVALID_REQUEST",
+                       "filter: give at least one condition (workflowId, status, admittedFrom, "
+                       "admittedTo, minUnacknowledgedDeliveries, executionIds)")
+    for when in (req.filter.admitted_from, req.filter.admitted_to):
+        if when is not None and when.tzinfo is None:
+            raise ApiError(422, "INVALID_REQUEST", "admittedFrom / admittedTo: give a time "
+                           "zone offset (for example 2026-01-01T00:00:00Z)")
+    if req.dry_run:
+        matched, sample = await store.preview_operation(spec)
+        return JSONResponse({"dryRun": True, "matched": matched, "sample": sample})
+    options: dict[str, Any] = {}
+    if req.action == "redrive":
+        options = {k: v for k, v in (("fromStep", req.from_step),
+                                     ("timeoutSeconds", req.timeout_seconds)) if v is not None}
+    if req.action == "resolve":
+        resolution = req.resolution or BulkResolution()
+        if resolution.action == "fail" and resolution.error is None:
+            raise ApiError(422, "INVALID_REQUEST", "resolution: fail needs error {name, message}")
+        options = {"resolution": jsonable_encoder(resolution.model_dump(exclude_none=False))}
+    record = await store.create_operation(req.action, spec, by=actor(principal, req.by),
+                                          options=options, reason=req.reason)
+    if record is None:
+        raise ApiError(422, "TOO_MANY_MATCHED",
+                       f"the filter matches more than {MAX_MATCHED} executions; narrow it "
+                       "(e.g. admittedFrom / admittedTo) and start several operations")
+    return JSONResponse(jsonable_encoder(_view(record)), status_code=202,
+                        headers={"Location": f"/v1/operations/{record['operation_id']}"})
+
+
+@router.get("/{operation_id}", response_model=OperationView,
+            summary="An operation's progress and the executions it failed on",
+            responses={404: {"model": ErrorBody, "description": "OPERATION_NOT_FOUND"},
+                       503: ERRORS[503]})
+async def get(operation_id: str, store: StoreDep, principal: Operator):
+    _check_operation_id(operation_id)
+    record = await store.get_operation(operation_id)
+    if record is None:
+        raise _not_found(operation_id)
+    return _view(record)
+
+
+@router.post(
+    "/{operation_id}/cancel",
+    status_code=202,
+    response_model=OperationView,
+    summary="Stop an operation: what is done stays done, the rest is not acted on",
+    openapi_extra=_optional_body_schema(ActorBody),
+    responses={**ERRORS, 404: {"model": ErrorBody, "description": "OPERATION_NOT_FOUND"},
+               409: {"model": ErrorBody, "description": "OPERATION_FINISHED"}},
+)
+async def cancel(operation_id: str, request: Request, store: StoreDep, settings: SettingsDep,
+                 principal: Operator):
+    _check_operation_id(operation_id)
+    body = await _optional_body(request, settings, ActorBody)
+    answer, record = await store.cancel_operation(operation_id, actor(principal, body.by))
+    if answer == "not_found":
+        raise _not_found(operation_id)
+    if answer == "finished":
+        raise ApiError(409, "OPERATION_FINISHED",
+                       f"operation {operation_id!r} already {record['status']}; nothing to stop",
+                       status=record["status"])
+    return _view(record)
+

@@ -1,0 +1,56 @@
+"""Fixtures for the redrive and fork tests: short timings, the store, an
+in-process API (authentication disabled) and in-process workers running
+tests/redrive/flows.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.api.app import create_app
+from app.registry import load_workflows
+from app.settings import Settings
+from app.store import ExecutionStore
+from tests.redrive import flows
+from tests.support.timing import quick_settings
+from tests.support.workers import InProcessWorkers
+
+WORKFLOWS = load_workflows(["tests.redrive.flows"])
+
+
+@pytest.fixture(autouse=True)
+def _reset_flows() -> None:
+    flows.reset()
+
+
+@pytest.fixture
+def rd_settings(database_url: str) -> Settings:
+    return quick_settings(database_url, auth="disabled", workflows="")
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, rd_settings: Settings) -> ExecutionStore:
+    return ExecutionStore.from_settings(pool, rd_settings)
+
+
+@pytest_asyncio.fixture
+async def api(rd_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(rd_settings, workflows=WORKFLOWS)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fencepost.test",
+                                     timeout=30) as client:
+            yield client
+
+
+@pytest_asyncio.fixture
+async def workers(rd_settings: Settings, store: ExecutionStore) -> AsyncIterator[InProcessWorkers]:
+    group = InProcessWorkers(rd_settings, WORKFLOWS)
+    try:
+        yield group
+    finally:
+        await group.stop_all()
