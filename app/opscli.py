@@ -218,14 +218,12 @@ def cmd_steps(fp: Client, args: argparse.Namespace) -> Any:
         query["cursor"] = page["nextCursor"]
     if args.json:
         return {"steps": steps, "nextCursor": None}
-    for step in steps:
-        if step.get("supersededAt"):
-            step["status"] = f"{step['status']} (superseded)"
+    # A step a redrive took out of the record has status "superseded".
     columns = [("STEP", "stepKey"), ("STATUS", "status"), ("ATTEMPTS", "attempts"),
                ("TOKEN", "token"), ("FUNCTION", "function"), ("RECORDED", "recordedAt"),
                ("IDEMPOTENCY KEY", "idempotencyKey")]
-    if args.values:
-        columns += [("RESULT", "result"), ("ERROR", "error")]
+    columns += [("RESULT", "result"), ("ERROR", "error")] if args.values else [
+        ("ERROR", "errorName")]
     table(steps, columns)
     return None
 
