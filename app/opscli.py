@@ -31,6 +31,7 @@ STATUSES = ("admitted", "running", "suspended", "parked", "completed", "failed",
             "timed_out")
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
 MAX_PAGE = 500  # the API's largest page of executions
+NOT_GIVEN = object()  # an option's default where JSON null is a value someone may give
 
 
 class ConfigError(Exception):
@@ -301,20 +302,36 @@ def cmd_workers(fp: Client, args: argparse.Namespace) -> Any:
 def configure_operations(p: argparse.ArgumentParser) -> None:
     sub = _group(p, "operations")
 
-    s = _sub(sub, "create", "act on every execution a filter matches (bulk)", cmd_op_create)
+    s = _sub(sub, "create", "act on every execution a filter matches (bulk); at least one "
+             "filter option", cmd_op_create)
     s.add_argument("--action", required=True, choices=ACTIONS)
-    s.add_argument("--workflow", metavar="WORKFLOW_ID")
-    s.add_argument("--status", choices=STATUSES)
-    s.add_argument("--ids", type=ids_arg, metavar="ID,ID,...")
+    f = s.add_argument_group("filter (the executions it matches now are its items)")
+    f.add_argument("--workflow", metavar="WORKFLOW_ID")
+    f.add_argument("--status", choices=STATUSES)
+    f.add_argument("--ids", type=ids_arg, metavar="ID,ID,...")
+    f.add_argument("--admitted-from", metavar="TIME", help="admitted at or after (RFC 3339)")
+    f.add_argument("--admitted-to", metavar="TIME", help="admitted before (RFC 3339)")
+    f.add_argument("--min-unacknowledged", type=int, metavar="N",
+                   help="at least N unacknowledged deliveries")
     s.add_argument("--dry-run", action="store_true",
                    help="only count the matches and show a sample; nothing is done")
     s.add_argument("--reason", metavar="TEXT")
+    s.add_argument("--by", metavar="WHO")
+    s.add_argument("--from-step", metavar="KEY", help="redrive: run again from this step on")
+    s.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                   help="redrive: the new deadline, from now")
+    how = s.add_mutually_exclusive_group()
+    how.add_argument("--succeed", type=json_arg, metavar="JSON", default=NOT_GIVEN,
+                     help="resolve: record JSON as each parked step's result (default: retry)")
+    how.add_argument("--fail", type=failure_arg, metavar="NAME:MESSAGE",
+                     help="resolve: record this error as each parked step's failure")
 
     s = _sub(sub, "get", "an operation's progress and failures", cmd_op_get)
     s.add_argument("operation_id", metavar="OP_ID")
 
     s = _sub(sub, "cancel", "stop an operation (what it did stays done)", cmd_op_cancel)
     s.add_argument("operation_id", metavar="OP_ID")
+    s.add_argument("--by", metavar="WHO")
 
 
 def _op_path(*parts: str) -> str:
@@ -322,20 +339,41 @@ def _op_path(*parts: str) -> str:
 
 
 def cmd_op_create(fp: Client, args: argparse.Namespace) -> Any:
-    body = _body(action=args.action, reason=args.reason,
+    body = _body(action=args.action, reason=args.reason, by=args.by,
+                 fromStep=args.from_step, timeoutSeconds=args.timeout,
                  filter=_body(workflowId=args.workflow, status=args.status,
-                              executionIds=args.ids))
+                              executionIds=args.ids, admittedFrom=args.admitted_from,
+                              admittedTo=args.admitted_to,
+                              minUnacknowledgedDeliveries=args.min_unacknowledged))
     if args.dry_run:
         body["dryRun"] = True
-    return fp._call("POST", _op_path(), json=body, ok=(200, 201, 202)).json()
+    if args.fail is not None:
+        body["resolution"] = {"action": "fail", "error": args.fail}
+    elif args.succeed is not NOT_GIVEN:  # --succeed null records null
+        body["resolution"] = {"action": "succeed", "result": args.succeed}
+    return operation(fp._call("POST", _op_path(), json=body, ok=(200, 202)).json(), args)
 
 
 def cmd_op_get(fp: Client, args: argparse.Namespace) -> Any:
-    return fp._call("GET", _op_path(args.operation_id)).json()
+    return operation(fp._call("GET", _op_path(args.operation_id)).json(), args)
 
 
 def cmd_op_cancel(fp: Client, args: argparse.Namespace) -> Any:
-    return fp._call("POST", _op_path(args.operation_id, "cancel"), ok=(200, 202)).json()
+    return operation(fp._call("POST", _op_path(args.operation_id, "cancel"),
+                              json=_body(by=args.by), ok=(200, 202)).json(), args)
+
+
+def operation(record: dict[str, Any], args: argparse.Namespace) -> Any:
+    """An operation's record; read by a person: its failures as a table below it."""
+    if args.json:
+        return record
+    failures = record.get("failures") or []
+    block({k: v for k, v in record.items() if k != "failures"})
+    if failures:
+        print()
+        table(failures, [("FAILED EXECUTION", "executionId"), ("CODE", "code"),
+                         ("MESSAGE", "message")])
+    return None
 
 
 # ---------------------------------------------------------------- output
