@@ -189,7 +189,7 @@ def cmd_list(fp: Client, args: argparse.Namespace) -> Any:
         return page
     table(page["executions"], [("EXECUTION ID", "executionId"), ("WORKFLOW", "workflowId"),
                                ("STATUS", "status"), ("ADMITTED", "admittedAt"),
-                               ("UPDATED", "updatedAt"), ("BLOCKED BY", "blockedBy")])
+                               ("UPDATED", "updatedAt"), ("BLOCKED BY", _blocked)])
     if page.get("nextCursor"):
         print(f"(more than {args.limit}: --limit N or --all)", file=sys.stderr)
     return None
@@ -394,9 +394,19 @@ def _cell(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+def _blocked(row: dict[str, Any]) -> str:
+    """blockedBy in a table: its reason, and the signal or step it names."""
+    why = row.get("blockedBy")
+    if not why:
+        return "-"
+    return " ".join(str(why[k]) for k in ("reason", "signal", "step") if why.get(k))
+
+
+def table(rows: Sequence[dict[str, Any]],
+          columns: Sequence[tuple[str, str | Callable[[dict[str, Any]], str]]]) -> None:
     cells = [[title for title, _ in columns]]
-    cells += [[_cell(row.get(key)) for _, key in columns] for row in rows]
+    cells += [[key(row) if callable(key) else _cell(row.get(key)) for _, key in columns]
+              for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns) - 1)]
     for r in cells:
         print("  ".join([c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]))
@@ -430,7 +440,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         with fp:
-            answer = args._ops(fp, args)
+            _print(args._ops(fp, args), args)
+        sys.stdout.flush()
     except FencepostError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_REFUSED
@@ -438,9 +449,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot reach fencepost at {url} (FENCEPOST_URL or --url): "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if answer is not None:
-        if args.json:
-            print(json.dumps(answer, indent=2, ensure_ascii=False))
-        else:
-            block(answer)
+    except BrokenPipeError:
+        # The reader stopped early (`| head`): no traceback, the shell's code for SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     return EXIT_OK
+
+
+def _print(answer: Any, args: argparse.Namespace) -> None:
+    if answer is None:  # printed already (a table)
+        return
+    if args.json:
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+    else:
+        block(answer)

@@ -3,6 +3,9 @@ subcommand, its table or block, its --json (the API's own answer), its refusals.
 
 from __future__ import annotations
 
+import asyncio
+import re
+
 import httpx
 import pytest
 
@@ -13,7 +16,6 @@ pytestmark = pytest.mark.timeout(180)
 
 def lines(text: str) -> list[list[str]]:
     """A table's rows as lists of cells (cells are separated by 2+ spaces)."""
-    import re
     return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip()]
 
 
@@ -30,6 +32,17 @@ async def api_json(server, path: str, **params) -> dict:
         r = await c.get(path, params=params)
         assert r.status_code == 200, r.text
         return r.json()
+
+
+async def suspended(server, *eids: str, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with httpx.AsyncClient(base_url=server.base) as c:
+        for eid in eids:
+            while (record := (await c.get(f"/v1/executions/{eid}")).json())[
+                    "status"] != "suspended":
+                assert loop.time() < deadline, record
+                await asyncio.sleep(0.05)
 
 
 async def test_start_get_list_events_and_steps(server, workers, fencepost):
@@ -102,6 +115,13 @@ async def test_signal_cancel_and_terminate(server, workers, fencepost):
     await workers.start()
     for eid in ("approve-1", "approve-2", "approve-3"):
         assert (await fencepost("executions", "start", "cli-approval", "--id", eid)).rc == 0
+
+    await suspended(server, "approve-1", "approve-2", "approve-3")
+    run = await fencepost("executions", "list", "--workflow", "cli-approval")
+    assert run.rc == 0, run
+    assert sorted((r[0], r[2], r[-1]) for r in lines(run.out)[1:]) == [
+        (eid, "suspended", "waiting-for-signal approve")
+        for eid in ("approve-1", "approve-2", "approve-3")], run
 
     run = await fencepost("executions", "signal", "approve-1", "approve", "true")
     assert run.rc == 0 and block(run.out) == {"status": "received"}, run

@@ -4,7 +4,11 @@ the operator CLI, run as a subprocess against a live server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import shlex
+import sys
 
 import httpx
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from app.api.auth import new_token
 from app.store import Admitted, ExecutionStore
 from tests.support.api_process import free_port
+from tests.support.processes import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -173,3 +178,16 @@ async def test_token_and_url_from_the_environment_and_flags(make_server, cli_set
     run = await fencepost("executions", "get", "guarded", "--json", "--url", secured.base,
                           "--token", tokens["read"], url=nobody)
     assert run.rc == 0 and json.loads(run.out)["status"] == "cancelled", run
+
+
+async def test_a_reader_that_stops_early_gets_no_error_message(server, workers):
+    """`fencepost ... | head`: stdout closed before the answer is written."""
+    await workers.start()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FENCEPOST_")}
+    environ["FENCEPOST_URL"] = server.base
+    command = f"{shlex.quote(sys.executable)} -m app.cli workers --json | true"
+    proc = await asyncio.create_subprocess_shell(
+        command, cwd=REPO_ROOT, env=environ, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=90)
+    # Not "cannot connect to the database", nor a traceback: nothing.
+    assert err.decode() == "", err.decode()
