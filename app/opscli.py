@@ -24,11 +24,10 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from app.client import Client, FencepostError
+from app.schema import STATUSES
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
-STATUSES = ("admitted", "running", "suspended", "parked", "completed", "failed", "cancelled",
-            "timed_out")
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
 MAX_PAGE = 500  # the API's largest page of executions
 NOT_GIVEN = object()  # an option's default where JSON null is a value someone may give
@@ -36,6 +35,10 @@ NOT_GIVEN = object()  # an option's default where JSON null is a value someone m
 
 class ConfigError(Exception):
     """Bad configuration or no service: exit 2, one line naming FENCEPOST_URL."""
+
+
+class UsageError(Exception):
+    """Options that do not go together (argparse cannot say so): exit 2."""
 
 
 # ------------------------------------------------------------- arguments
@@ -339,6 +342,13 @@ def _op_path(*parts: str) -> str:
 
 
 def cmd_op_create(fp: Client, args: argparse.Namespace) -> Any:
+    for given, option, action in ((args.from_step, "--from-step", "redrive"),
+                                  (args.timeout, "--timeout", "redrive"),
+                                  (args.fail, "--fail", "resolve"),
+                                  (None if args.succeed is NOT_GIVEN else 0, "--succeed",
+                                   "resolve")):
+        if given is not None and args.action != action:
+            raise UsageError(f"{option} goes only with --action {action}")
     body = _body(action=args.action, reason=args.reason, by=args.by,
                  fromStep=args.from_step, timeoutSeconds=args.timeout,
                  filter=_body(workflowId=args.workflow, status=args.status,
@@ -385,10 +395,11 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, str):
-        # RFC 3339 times read as "2026-01-01 12:00:00" (UTC as the API gives them).
-        if len(value) >= 19 and value[4] == "-" and value[10] == "T" and value[13] == ":":
+        # The API's times are UTC ("...Z"): read as "2026-01-01 12:00:00".
+        if (len(value) >= 20 and value.endswith("Z") and value[4] == "-" and value[10] == "T"
+                and value[13] == ":"):
             return value[:19].replace("T", " ")
-        return value
+        return value.replace("\n", "\\n")  # one line per row
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return ",".join(value) or "-"
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -442,6 +453,9 @@ def run(args: argparse.Namespace) -> int:
         with fp:
             _print(args._ops(fp, args), args)
         sys.stdout.flush()
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except FencepostError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_REFUSED

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.cli.test_executions import block, lines
+from tests.cli.test_operator import events, parked_effect
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -105,3 +106,18 @@ async def test_failures_cancel_and_refusals(server, workers, fencepost):
     assert run.rc == 1 and run.err.startswith("error: OPERATION_NOT_FOUND: "), run
     run = await fencepost("operations", "create", "--action", "cancel")  # no filter
     assert run.rc == 1 and run.err.startswith("error: INVALID_REQUEST: filter: "), run
+
+
+async def test_bulk_resolve_records_the_given_result(server, workers, store, fencepost):
+    for eid in ("remote-1", "remote-2"):
+        await parked_effect(store, eid)
+    await workers.start()
+    run = await fencepost("operations", "create", "--action", "resolve", "--workflow",
+                          "cli-remote", "--status", "parked", "--succeed", '{"receipt": 1}',
+                          "--by", "dave", "--json")
+    assert run.rc == 0 and run.json()["matched"] == 2, run
+    record = await finished(server, run.json()["operationId"])
+    assert (record["done"], record["failed"]) == (2, 0), record
+    for eid in ("remote-1", "remote-2"):
+        [resolved] = [e["detail"] for e in await events(server, eid) if e["kind"] == "resolved"]
+        assert (resolved["action"], resolved["result"]) == ("succeed", {"receipt": 1}), resolved

@@ -119,6 +119,10 @@ async def test_usage_errors_exit_2(fencepost):
         (("executions",), "SUBCOMMAND"),
         (("operations", "create"), "--action"),
         (("operations", "create", "--action", "explode"), "invalid choice"),
+        (("operations", "create", "--action", "cancel", "--ids", "a", "--from-step", "s"),
+         "--from-step goes only with --action redrive"),
+        (("operations", "create", "--action", "redrive", "--ids", "a", "--succeed", "null"),
+         "--succeed goes only with --action resolve"),
     ]:
         run = await fencepost(*args)
         assert run.rc == 2 and says in run.err and run.out == "", run
