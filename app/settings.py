@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     redelivery_cap_seconds: float = Field(300.0, gt=0, description="Upper bound of the redelivery delay."
                                           " Shared: stored once in the database; every api and worker must match it (`fencepost settings`).")
     max_payload_bytes: int = Field(262144, gt=0, description="Largest accepted request body.")
+    max_operation_executions: int = Field(
+        100_000, gt=0, le=10_000_000,
+        description="Most executions one bulk operation may act on; a filter that matches more "
+        "is refused (422 TOO_MANY_MATCHED).",
+    )
     max_pending_signals: int = Field(
         1000, gt=0,
         description="Most unconsumed signals one execution holds; more are refused (429).",

@@ -43,6 +43,7 @@ class Waiters:
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._recheck_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
         self.connects = 0  # listening connections opened so far (tests watch reconnects)
 
     @property
@@ -55,11 +56,20 @@ class Waiters:
                        asyncio.create_task(self._recheck(), name="waiters: re-check")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop both loops, bounded: a cancellation that lands while a
+        wait_for inside asyncpg completes can be lost (Python 3.11), so the
+        loops also check `_stopping`, and a task is cancelled again until it
+        ends (at most ~5 s in all)."""
+        self._stopping = True
+        pending = set(self._tasks)
+        for _ in range(10):
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
+        if pending:
+            log.warning("waiters: %d loop(s) did not stop", len(pending))
         self._tasks = []
 
     @contextlib.contextmanager
@@ -83,7 +93,7 @@ class Waiters:
     async def _listen(self) -> None:
         delay = 0.2
         dsn = asyncpg_dsn(self.settings.database_url)
-        while True:
+        while not self._stopping:
             conn = None
             try:
                 conn = await asyncpg.connect(
@@ -97,9 +107,10 @@ class Waiters:
                 self.connects += 1
                 delay = 0.2
                 self._recheck_now.set()  # ends missed while not listening
-                while True:
+                while not self._stopping:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(closed.wait(), timeout=5.0)
+                        async with asyncio.timeout(5.0):
+                            await closed.wait()
                     if closed.is_set():
                         raise ConnectionError("the LISTEN connection was closed")
                     await conn.execute("SELECT 1", timeout=5.0)  # a half-open socket shows here
@@ -113,9 +124,10 @@ class Waiters:
                     conn.terminate()
 
     async def _recheck(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._recheck_now.wait(), timeout=self.recheck_seconds)
+                async with asyncio.timeout(self.recheck_seconds):
+                    await self._recheck_now.wait()
             self._recheck_now.clear()
             ids = list(self._waiting)
             if not ids:

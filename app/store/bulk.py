@@ -18,8 +18,6 @@ import asyncpg
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
 CancelOperationAnswer = Literal["cancelled", "not_found", "finished"]
 
-# Most executions one operation may take (a filter that matches more is refused).
-MAX_MATCHED = 100_000
 SAMPLE = 10
 
 
@@ -66,10 +64,10 @@ class BulkStatements:
         return row["matched"], list(row["sample"])
 
     async def create_operation(self, action: str, spec: dict[str, Any], *, by: str,
-                               options: dict[str, Any] | None = None,
-                               reason: str | None = None) -> dict | None:
+                               options: dict[str, Any] | None = None, reason: str | None = None,
+                               max_matched: int = 100_000) -> dict | None:
         """Store the operation and its items (the executions the filter matches
-        now) in one statement; None when more than MAX_MATCHED match."""
+        now) in one statement; None when more than `max_matched` match."""
         assert action in ACTIONS, action
         where, args = filter_sql(spec)
         n = len(args)
@@ -77,13 +75,13 @@ class BulkStatements:
             f"""
             WITH matched AS (
                 SELECT execution_id FROM executions WHERE {where}
-                LIMIT {MAX_MATCHED + 1}
+                LIMIT {int(max_matched) + 1}
             ), op AS (
                 INSERT INTO operations (operation_id, action, filter, options, reason,
                                         created_by, status, matched)
                 SELECT ${n + 1}, ${n + 2}, ${n + 3}::jsonb, ${n + 4}::jsonb, ${n + 5},
                        ${n + 6}, 'running', (SELECT count(*) FROM matched)
-                WHERE (SELECT count(*) FROM matched) <= {MAX_MATCHED}
+                WHERE (SELECT count(*) FROM matched) <= {int(max_matched)}
                 RETURNING operation_id
             ), items AS (
                 INSERT INTO operation_items (operation_id, execution_id)

@@ -30,6 +30,8 @@ CANCEL = ("POST", "/v1/executions/{id}/cancel", {})
 TERMINATE = ("POST", "/v1/executions/{id}/terminate", {})
 REDRIVE = ("POST", "/v1/executions/{id}/redrive", {})
 FORK = ("POST", "/v1/executions/{id}/fork", {"json": {"fromStep": "charge"}})
+BULK = ("POST", "/v1/operations", {"json": {"action": "cancel", "filter": {"workflowId": "none"}}})
+BULK_GET = ("GET", "/v1/operations/op-0000000000000000", {})
 RESOLVE = ("POST", "/v1/executions/{id}/steps/charge/resolve",
            {"json": {"action": "retry"}})
 RESUME = ("POST", "/v1/executions/{id}/resume", {})
@@ -39,14 +41,16 @@ METRICS = ("GET", "/metrics", {})
 ROUTES = {
     "admit": ADMIT, "list": LIST, "get": GET, "wake": WAKE, "signal": SIGNAL,
     "events": EVENTS, "steps": STEPS, "late": LATE, "cancel": CANCEL,
-    "terminate": TERMINATE, "redrive": REDRIVE, "fork": FORK, "resolve": RESOLVE,
+    "terminate": TERMINATE, "redrive": REDRIVE, "fork": FORK, "bulk": BULK,
+    "bulk-get": BULK_GET, "resolve": RESOLVE,
     "resume": RESUME, "workers": WORKERS, "metrics": METRICS,
 }
 
 FORBIDDEN = {
-    "trigger": {"cancel", "terminate", "resolve", "resume", "workers", "metrics"},
-    "read": {"admit", "wake", "signal", "cancel", "terminate", "redrive", "fork", "resolve",
-             "resume"},
+    "trigger": {"cancel", "terminate", "bulk", "bulk-get", "resolve", "resume", "workers",
+                "metrics"},
+    "read": {"admit", "wake", "signal", "cancel", "terminate", "redrive", "fork", "bulk",
+             "bulk-get", "resolve", "resume"},
     "operate": {"admit"},
 }
 

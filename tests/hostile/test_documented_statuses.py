@@ -85,6 +85,10 @@ def probes(s: Seeded) -> list[Probe]:
     wakes, signal = f"{one}/wakes", f"{one}/signals/{{name}}"
     cancel, resume = f"{one}/cancel", f"{one}/resume"
     terminate = f"{one}/terminate"
+    ops, op_one = "/v1/operations", "/v1/operations/{operation_id}"
+    op_cancel = f"{op_one}/cancel"
+    no_op = {"operation_id": "op-0000000000000000"}
+    seeded_op = {"operation_id": SEEDED_OPERATION}
     redrive, fork = f"{one}/redrive", f"{one}/fork"
     resolve = f"{one}/steps/{{step_key}}/resolve"
     pending, ghost = {"execution_id": s.pending}, {"execution_id": GHOST}
@@ -204,6 +208,29 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", fork, 422, "RESERVED_EXECUTION_ID", "operate", pending,
           {"json": {"fromStep": "first", "executionId": "a~b"}}),
         *body_errors(fork, pending),
+        # Bulk operations (operate): a dry run, a start, its progress, stopping it.
+        P("POST", ops, 200, None, "operate", kw={"json": {**BULK, "dryRun": True}}),
+        P("POST", ops, 202, None, "operate", kw={"json": BULK}),
+        P("POST", ops, 422, "INVALID_REQUEST", "operate",
+          kw={"json": {"action": "cancel", "filter": {}}}),
+        P("POST", ops, 422, "TOO_MANY_MATCHED", "operate",  # FENCEPOST_MAX_OPERATION_EXECUTIONS
+          kw={"json": {"action": "cancel", "filter": {"minUnacknowledgedDeliveries": 0}}}),
+        P("POST", ops, 401, "UNAUTHENTICATED", None, kw={"json": BULK}),
+        P("POST", ops, 403, "FORBIDDEN", "read", kw={"json": BULK}),
+        P("POST", ops, 400, "MALFORMED_JSON", "operate", kw=MALFORMED),
+        P("POST", ops, 413, "PAYLOAD_TOO_LARGE", "operate", kw=TOO_LARGE),
+        P("POST", ops, 408, "REQUEST_TIMEOUT", "operate", kw=held()),
+        P("POST", ops, 415, "UNSUPPORTED_MEDIA_TYPE", "operate", kw=TEXT),
+        P("POST", ops, 422, "INVALID_EXECUTION_EVENT", "operate", kw=NAN),
+        P("GET", op_one, 200, None, "operate", seeded_op),
+        P("GET", op_one, 404, "OPERATION_NOT_FOUND", "operate", no_op),
+        P("GET", op_one, 401, "UNAUTHENTICATED", None, no_op),
+        P("GET", op_one, 403, "FORBIDDEN", "read", no_op),
+        P("POST", op_cancel, 202, None, "operate", seeded_op),
+        P("POST", op_cancel, 409, "OPERATION_FINISHED", "operate", seeded_op),  # just stopped
+        P("POST", op_cancel, 404, "OPERATION_NOT_FOUND", "operate", no_op),
+        *body_errors(op_cancel, no_op),
+        P("POST", op_cancel, 422, "INVALID_REQUEST", "operate", no_op, {"json": {"by": 5}}),
         P("POST", resolve, 200, None, "operate", unknown,
           {"json": {"action": "succeed", "result": {"ok": True}}}),
         P("POST", resolve, 404, "EXECUTION_NOT_FOUND", "operate",
@@ -231,6 +258,11 @@ def probes(s: Seeded) -> list[Probe]:
     ]
     return out
 
+
+# An operation stored in setup (matching nothing), to read and to stop.
+SEEDED_OPERATION = "op-00000000000000aa"
+# A bulk cancel of one execution nobody else uses (to-bulk, inserted in setup).
+BULK = {"action": "cancel", "filter": {"executionIds": ["to-bulk"]}, "reason": "probe"}
 
 # Admitted by the trigger token in setup.
 TAKEN = {"workflowId": "hostile-refund", "executionId": "taken",
@@ -304,6 +336,7 @@ class Crafted:
 @pytest_asyncio.fixture
 async def crafted(pool: asyncpg.Pool, settings: Settings) -> AsyncIterator[Crafted]:
     s = hostile_settings(settings, statement_timeout_seconds=STATEMENT_TIMEOUT,
+                         max_operation_executions=3,
                          body_timeout_seconds=BODY_TIMEOUT)
     seeded = await seed(pool, s)
     tokens = await make_tokens(pool, s)
@@ -361,7 +394,12 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
         "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now()), "
-        "('to-terminate', 'x', '{}', '{}', 'admitted', now())")
+        "('to-terminate', 'x', '{}', '{}', 'admitted', now()), "
+        "('to-bulk', 'x', '{}', '{}', 'admitted', now())")
+    await pool.execute(
+        "INSERT INTO operations (operation_id, action, filter, created_by, status, matched) "
+        "VALUES ($1, 'cancel', '{\"workflowId\": \"none\"}', 'setup', 'running', 0)",
+        SEEDED_OPERATION)
     await pool.execute(
         "INSERT INTO executions (execution_id, workflow_id, params, context, status, outcome) "
         """VALUES ('to-redrive', 'x', '{}', '{}', 'failed', '{"error": {"name": "E"}}')""")

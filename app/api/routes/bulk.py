@@ -33,7 +33,6 @@ from app.api.models import (
     TimeString,
 )
 from app.api.routes.operations import ActorBody, StepError, _optional_body
-from app.store.bulk import MAX_MATCHED
 
 router = APIRouter(prefix="/v1/operations", tags=["bulk operations"],
                    responses={**UNAUTHENTICATED, **FORBIDDEN})
@@ -159,11 +158,13 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
             raise ApiError(422, "INVALID_REQUEST", "resolution: fail needs error {name, message}")
         options = {"resolution": jsonable_encoder(resolution.model_dump(exclude_none=False))}
     record = await store.create_operation(req.action, spec, by=actor(principal, req.by),
-                                          options=options, reason=req.reason)
+                                          options=options, reason=req.reason,
+                                          max_matched=settings.max_operation_executions)
     if record is None:
         raise ApiError(422, "TOO_MANY_MATCHED",
-                       f"the filter matches more than {MAX_MATCHED} executions; narrow it "
-                       "(e.g. admittedFrom / admittedTo) and start several operations")
+                       f"the filter matches more than {settings.max_operation_executions} "
+                       "executions (FENCEPOST_MAX_OPERATION_EXECUTIONS); narrow it (e.g. "
+                       "admittedFrom / admittedTo) and start several operations")
     return JSONResponse(jsonable_encoder(_view(record)), status_code=202,
                         headers={"Location": f"/v1/operations/{record['operation_id']}"})
 
