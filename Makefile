@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv browser test lint dev clean-venv
+.PHONY: venv browser node test lint dev clean-venv
 
 venv: $(STAMP)
 
@@ -23,7 +23,14 @@ browser:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-test: venv browser
+# Node.js and npm for the generated TypeScript client's test (tests/client); CI runs as root.
+node:
+	@command -v npm >/dev/null 2>&1 || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm >/dev/null; }
+
+test: venv browser node
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: venv

@@ -9,6 +9,7 @@ to do. A database failure (app/dberrors.py: by SQLSTATE class) is 503
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import asyncpg
@@ -90,12 +91,29 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code, message = _HTTP_CODES.get(exc.status_code, ("HTTP_ERROR", str(exc.detail)))
-        return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        documented = allowed_methods(request) if exc.status_code == 405 else None
+        if documented:
+            # Each method of a path is its own route: the router names only
+            # the first one it tried; the answer names every documented one.
+            headers = {**(headers or {}), "Allow": ", ".join(documented)}
+        return error_response(exc.status_code, code, message, headers=headers)
 
     for error_type in DATABASE_ERROR_TYPES:
         app.add_exception_handler(error_type, _database_error)
+
+
+def allowed_methods(request: Request) -> list[str] | None:
+    """The documented methods of the request's path (from the published
+    OpenAPI document), or None for a path it does not describe."""
+    path = request.url.path
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            return sorted(method.upper() for method in operations)
+    return None
 
 
 def database_unavailable(exc: BaseException) -> JSONResponse:

@@ -9,6 +9,14 @@ tests/hostile):
   an unconstrained path string no 422 can happen at all).
 - Authentication: a bearer security scheme, required by every operation that
   documents 401.
+
+And two additions for client generators and stateful testers:
+
+- Readable, stable operation IDs (`admitExecution`, `getExecution`, ...), one
+  per operation, from OPERATION_IDS; an operation missing there fails the
+  schema's test, so a new route cannot ship with FastAPI's generated name.
+- OpenAPI links from the answers that carry an ID (admission, fork, listing,
+  schedule and operation creation) to the operations that take it.
 """
 
 from __future__ import annotations
@@ -34,7 +42,76 @@ def _refers_to(node: Any, ref: str) -> bool:
     return False
 
 
+# (method, path) -> operationId. Generated clients name their methods after these.
+OPERATION_IDS: dict[tuple[str, str], str] = {
+    ("get", "/healthz"): "getHealth",
+    ("get", "/readyz"): "getReadiness",
+    ("post", "/v1/executions"): "admitExecution",
+    ("get", "/v1/executions"): "listExecutions",
+    ("get", "/v1/executions/{execution_id}"): "getExecution",
+    ("post", "/v1/executions/{execution_id}/wakes"): "wakeExecution",
+    ("post", "/v1/executions/{execution_id}/signals/{name}"): "signalExecution",
+    ("post", "/v1/executions/{execution_id}/cancel"): "cancelExecution",
+    ("post", "/v1/executions/{execution_id}/terminate"): "terminateExecution",
+    ("post", "/v1/executions/{execution_id}/redrive"): "redriveExecution",
+    ("post", "/v1/executions/{execution_id}/fork"): "forkExecution",
+    ("post", "/v1/executions/{execution_id}/steps/{step_key}/resolve"): "resolveStep",
+    ("post", "/v1/executions/{execution_id}/resume"): "resumeExecution",
+    ("get", "/v1/executions/{execution_id}/events"): "listExecutionEvents",
+    ("get", "/v1/executions/{execution_id}/steps"): "listExecutionSteps",
+    ("get", "/v1/executions/{execution_id}/late-observations"): "listLateObservations",
+    ("post", "/v1/operations"): "createOperation",
+    ("get", "/v1/operations/{operation_id}"): "getOperation",
+    ("post", "/v1/operations/{operation_id}/cancel"): "cancelOperation",
+    ("get", "/v1/workers"): "listWorkers",
+    ("get", "/metrics"): "getMetrics",
+    ("post", "/v1/schedules"): "createSchedule",
+    ("get", "/v1/schedules"): "listSchedules",
+    ("get", "/v1/schedules/{schedule_id}"): "getSchedule",
+    ("delete", "/v1/schedules/{schedule_id}"): "deleteSchedule",
+    ("get", "/v1/schedules/{schedule_id}/events"): "listScheduleEvents",
+    ("post", "/v1/schedules/{schedule_id}/pause"): "pauseSchedule",
+    ("post", "/v1/schedules/{schedule_id}/resume"): "resumeSchedule",
+}
+
+_EXECUTION_OPS = ("getExecution", "listExecutionEvents", "listExecutionSteps",
+                  "listLateObservations", "wakeExecution", "cancelExecution",
+                  "terminateExecution", "redriveExecution", "forkExecution", "resumeExecution")
+# (operationId, response status) -> (the ID's place in the answer, parameter, operations).
+LINKS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
+    ("admitExecution", "201"): ("$response.body#/executionId", "execution_id", _EXECUTION_OPS),
+    ("admitExecution", "200"): ("$response.body#/executionId", "execution_id", _EXECUTION_OPS),
+    ("forkExecution", "201"): ("$response.body#/executionId", "execution_id", _EXECUTION_OPS),
+    ("listExecutions", "200"): ("$response.body#/executions/0/executionId", "execution_id",
+                                _EXECUTION_OPS),
+    ("createSchedule", "201"): ("$response.body#/scheduleId", "schedule_id",
+                                ("getSchedule", "listScheduleEvents", "pauseSchedule",
+                                 "resumeSchedule", "deleteSchedule")),
+    ("createOperation", "202"): ("$response.body#/operationId", "operation_id",
+                                 ("getOperation", "cancelOperation")),
+}
+
+
+def _name_and_link(schema: dict) -> None:
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            operation["operationId"] = OPERATION_IDS.get(
+                (method, path), operation.get("operationId"))
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                link = LINKS.get((operation["operationId"], status))
+                if link is None:
+                    continue
+                where, parameter, targets = link
+                response["links"] = {
+                    target[0].upper() + target[1:]: {
+                        "operationId": target, "parameters": {parameter: where}}
+                    for target in targets}
+
+
 def tidy(schema: dict) -> dict:
+    _name_and_link(schema)
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             responses = operation.get("responses", {})
