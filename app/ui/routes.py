@@ -46,14 +46,20 @@ from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from app.api.auth import ANONYMOUS, Principal, principal_of
+from app.api.common import registered_workflow
 from app.api.errors import RETRY_AFTER_SECONDS, ApiError
+from app.api.ids import check_client_execution_id
 from app.api.json_body import BodyError, parse_json, read_body
 from app.api.limits import LOOPBACK_HOSTS, host_name
+from app.api.models import EXECUTION_ID_PATTERN
+from app.api.routes.redrive import _fork_id
 from app.blocked import blocked_by
 from app.dberrors import is_infrastructure
 from app.registry import ID_RE
 from app.schema import STATUSES, TERMINAL_STATUSES
 from app.store import InvalidEvent
+from app.store.bulk import ACTIONS as BULK_ACTIONS
+from app.store.redrive import REDRIVABLE
 from app.store.ui import UI_SORTS
 from app.ui import views
 
@@ -98,6 +104,7 @@ DONE_MESSAGES = {
     "wake-ignored": "It has already ended: there is nothing to wake.",
     "resumed": "Resumed: it is due again.",
     "resolved": "Step resolved: the execution is due now and a worker will continue it.",
+    "terminated": "Terminated: it ended cancelled at once; no code ran.",
 }
 
 STATIC_FILES = {
@@ -617,21 +624,43 @@ async def execution_page(request: Request, execution_id: str) -> Response:
     events = await store.events_page(execution_id, after=after, limit=EVENTS_PER_PAGE + 1)
     more_events = len(events) > EVENTS_PER_PAGE
     events = events[:EVENTS_PER_PAGE]
-    steps = await store.step_details(execution_id, include_values=True)
+    # Recorded steps, effects in doubt, then the steps redrives superseded.
+    steps = await store.execution_steps_page(
+        execution_id, include_values=True, limit=STEPS_SHOWN + 1) or []
     unknown = await store.outcome_unknown_effects(execution_id)
     blocked = blocked_by(row, live)
     done = request.query_params.get("done", "")
+    notice = DONE_MESSAGES.get(done)
+    if done == "redriven":
+        notice = _redriven_notice(request.query_params.get("redrive", ""), steps)
+    elif done == "forked" and row["forked_from"]:
+        notice = (f"Forked from {row['forked_from']} at step “{row['forked_from_step']}”: the "
+                  "steps recorded before it were copied; that step and the rest run under "
+                  "this ID.")
     return _render(request, "execution.html", {
         "r": row, "blocked": views.explain_blocked(blocked, row), "blocked_raw": blocked,
-        "now": row["read_at"], "steps": steps[:STEPS_SHOWN], "steps_total": len(steps),
+        "now": row["read_at"], "steps": steps[:STEPS_SHOWN], "steps_more": len(steps) > STEPS_SHOWN,
+        "recorded_steps": any(s["grp"] == 0 for s in steps),
         "events": events, "more_events": more_events, "events_after": after,
         "next_after": events[-1]["event_id"] if events else after,
         "late": await store.late_observations(execution_id),
         "unknown": unknown if row["status"] == "parked" else [],
-        "notice": DONE_MESSAGES.get(done), "problems": problems,
+        "notice": notice, "problems": problems,
         "workers_live": row["workflow_id"] in live,
         "max_unacked": await _applied_poison_threshold(request),
     }, session=session)
+
+
+def _redriven_notice(raw: str, steps: list[dict]) -> str:
+    """Which steps redrive number `raw` superseded, from the superseded history."""
+    n = _int("redrive", raw, 1, 2**31 - 1, [])
+    keys = [s["step_key"] for s in steps if s["grp"] == 2 and s["redrive"] == n]
+    if keys:
+        return (f"Redriven (redrive {n}): step{'s' if len(keys) > 1 else ''} "
+                f"{', '.join(keys)} superseded and run again; the steps recorded before "
+                "replay. A worker continues it now.")
+    return (f"Redriven (redrive {n}): no recorded step was superseded; the recorded steps "
+            "replay. A worker continues it now.")
 
 
 async def _applied_poison_threshold(request: Request) -> int:
@@ -741,6 +770,218 @@ def _resolution(form: dict[str, str], settings) -> Resolution:
     return res
 
 
+# ------------------------------------------- redrive, fork, terminate (one execution)
+
+REDRIVE_MAX_SECONDS = 10 * 365 * 86400
+_EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
+
+
+def _not_ended(execution_id: str, status: str, session: Session) -> UIError:
+    return UIError(409, "EXECUTION_NOT_ENDED",
+                   f"execution {execution_id!r} is {status}; only a failed, timed_out, cancelled "
+                   "or completed execution can be redriven (cancel it first, or wait for it to "
+                   "end)", session=session)
+
+
+def _step_not_found(execution_id: str, step: str, session: Session) -> UIError:
+    return UIError(404, "STEP_NOT_FOUND",
+                   f"execution {execution_id!r} has no recorded step {step[:200]!r}; choose one "
+                   "of the steps its page lists", session=session)
+
+
+async def _recorded_steps(request: Request, execution_id: str) -> list[dict]:
+    """The steps in the record (not effects in doubt, not superseded ones), in
+    recorded order: the choices for fromStep."""
+    rows = await request.app.state.store.execution_steps_page(
+        execution_id, include_values=False, limit=STEPS_SHOWN + 1) or []
+    return [s for s in rows if s["grp"] == 0]
+
+
+def _text_field(name: str, value: str, limit: int, problems: list[str]) -> str | None:
+    value = value.strip()
+    if _UNSTORABLE_TEXT.search(value):
+        problems.append(f"{name}: cannot hold NUL characters")
+    elif len(value) > limit:
+        problems.append(f"{name}: at most {limit} characters")
+    return value or None
+
+
+def _step_field(value: str, problems: list[str]) -> str | None:
+    value = value.strip()
+    if value and not ID_RE.fullmatch(value):
+        problems.append("fromStep: a recorded step's key (1 to 200 characters from "
+                        "A-Z a-z 0-9 . _ : -)")
+        return None
+    return value or None
+
+
+@router.get("/executions/{execution_id}/redrive")
+async def redrive_page(request: Request, execution_id: str) -> Response:
+    session = await _session(request, need="operate")
+    row, _ = await _record(request, execution_id, session)
+    if row["status"] not in REDRIVABLE:
+        raise _not_ended(execution_id, row["status"], session)
+    return _render(request, "confirm_redrive.html", {
+        "r": row, "now": row["read_at"], "by": _actor(session),
+        "steps": await _recorded_steps(request, execution_id), "problems": [],
+    }, session=session)
+
+
+@router.post("/executions/{execution_id}/redrive")
+async def redrive(request: Request, execution_id: str) -> Response:
+    session, form = await _checked_post(request)
+    _check_id(execution_id, session)
+    problems: list[str] = []
+    from_step = _step_field(form.get("fromStep", ""), problems)
+    reason = _text_field("reason", form.get("reason", ""), 2000, problems)
+    timeout = None
+    if raw := form.get("timeoutSeconds", "").strip():
+        timeout = _int("timeoutSeconds", raw, 1, REDRIVE_MAX_SECONDS, problems)
+    if problems:
+        row, _ = await _record(request, execution_id, session)
+        return _render(request, "confirm_redrive.html", {
+            "r": row, "now": row["read_at"], "by": _actor(session),
+            "steps": await _recorded_steps(request, execution_id), "problems": problems,
+        }, session=session, status=422)
+    answer, detail = await request.app.state.store.redrive(
+        execution_id, _actor(session), from_step=from_step, timeout_seconds=timeout,
+        reason=reason)
+    if answer == "not_found":
+        raise _not_found(execution_id, session)
+    if answer == "not_ended":
+        raise _not_ended(execution_id, detail, session)
+    if answer == "completed":
+        raise UIError(409, "REDRIVE_NEEDS_FROM_STEP",
+                      f"execution {execution_id!r} completed; choose the step to run it again "
+                      "from (that step and every step recorded after it run again)",
+                      session=session)
+    if answer == "step_not_found":
+        raise _step_not_found(execution_id, from_step or "", session)
+    return RedirectResponse(f"/ui/executions/{_pathseg(execution_id)}?done=redriven"
+                            f"&redrive={detail.redrive}", status_code=303)
+
+
+@dataclass
+class ForkForm:
+    from_step: str = ""
+    new_id: str = ""
+    params_text: str = ""
+    params: Any = None
+    problems: list[str] = field(default_factory=list)
+
+
+def _fork_form(form: dict[str, str], request: Request, row: dict) -> ForkForm:
+    f = ForkForm(from_step=form.get("fromStep", "").strip(),
+                 new_id=form.get("executionId", "").strip(), params_text=form.get("params", ""))
+    p = f.problems
+    if not f.from_step:
+        p.append("fromStep: choose the step to run again from")
+    else:
+        _step_field(f.from_step, p)
+    if f.new_id:
+        try:
+            check_client_execution_id(f.new_id)
+        except ApiError as exc:
+            p.append(f"{exc.code}: {exc.message}")
+        else:
+            if not ID_RE.fullmatch(f.new_id):
+                p.append("executionId: 1 to 200 characters from A-Z a-z 0-9 . _ : - "
+                         "(or leave it empty for a generated one)")
+    if f.params_text.strip():
+        try:
+            f.params = parse_json(f.params_text.encode(),
+                                  max_depth=request.app.state.settings.max_json_depth)
+        except BodyError as exc:
+            p.append(f"INVALID_PARAMS: params: {exc.message}; give JSON such as "
+                     '{"amount": 100}, or leave it empty to keep the source\'s params')
+    definition = (request.app.state.workflows or {}).get(row["workflow_id"])
+    if definition is not None and not p:
+        # New params are checked against the workflow's model, as the API does.
+        try:
+            registered_workflow(request, row["workflow_id"],
+                                f.params if f.params is not None else row["params"])
+        except ApiError as exc:
+            p.append(f"{exc.code}: {exc.message}")
+    return f
+
+
+async def _fork_page(request: Request, row: dict, session: Session, f: ForkForm,
+                     status: int = 200) -> Response:
+    steps = await _recorded_steps(request, row["execution_id"])
+    if not steps:
+        raise UIError(409, "NO_RECORDED_STEP",
+                      f"execution {row['execution_id']!r} has no recorded step to fork from; "
+                      "admit a new execution instead", session=session)
+    return _render(request, "confirm_fork.html", {
+        "r": row, "now": row["read_at"], "by": _actor(session), "steps": steps, "f": f,
+    }, session=session, status=status)
+
+
+@router.get("/executions/{execution_id}/fork")
+async def fork_page(request: Request, execution_id: str) -> Response:
+    session = await _session(request, need="operate")
+    row, _ = await _record(request, execution_id, session)
+    return await _fork_page(request, row, session, ForkForm())
+
+
+@router.post("/executions/{execution_id}/fork")
+async def fork(request: Request, execution_id: str) -> Response:
+    session, form = await _checked_post(request)
+    row, _ = await _record(request, execution_id, session)
+    f = _fork_form(form, request, row)
+    if f.problems:
+        return await _fork_page(request, row, session, f, status=422)
+    definition = (request.app.state.workflows or {}).get(row["workflow_id"])
+    new_id = f.new_id or _fork_id(execution_id)
+    try:
+        answer, detail = await request.app.state.store.fork(
+            execution_id, _actor(session), from_step=f.from_step, new_id=new_id,
+            params=f.params, admitted_by=session.principal.token_id,
+            timeout_seconds=definition.timeout_seconds if definition is not None else None)
+    except InvalidEvent as exc:
+        f.problems.append(f"INVALID_EXECUTION_EVENT: params cannot be stored exactly ({exc}); "
+                          "give plain JSON values")
+        return await _fork_page(request, row, session, f, status=422)
+    if answer == "not_found":
+        raise _not_found(execution_id, session)
+    if answer == "step_not_found":
+        raise _step_not_found(execution_id, f.from_step, session)
+    if answer == "conflict":
+        raise UIError(409, "EXECUTION_ID_CONFLICT",
+                      f"execution ID {new_id!r} is taken ({detail['status']}); fork under "
+                      "another ID, or leave it empty for a generated one", session=session)
+    return RedirectResponse(f"/ui/executions/{_pathseg(detail.execution_id)}?done=forked",
+                            status_code=303)
+
+
+@router.get("/executions/{execution_id}/terminate")
+async def terminate_page(request: Request, execution_id: str) -> Response:
+    session = await _session(request, need="operate")
+    row, live = await _record(request, execution_id, session)
+    if row["status"] in TERMINAL_STATUSES:
+        raise UIError(409, "EXECUTION_TERMINAL",
+                      f"execution {execution_id!r} already ended ({row['status']}); "
+                      "nothing to terminate", session=session)
+    return _render(request, "confirm_terminate.html", {
+        "r": row, "now": row["read_at"], "by": _actor(session),
+        "blocked": views.explain_blocked(blocked_by(row, live), row),
+    }, session=session)
+
+
+@router.post("/executions/{execution_id}/terminate")
+async def terminate(request: Request, execution_id: str) -> Response:
+    session, _ = await _checked_post(request)
+    _check_id(execution_id, session)
+    answer, status = await request.app.state.store.terminate(execution_id, _actor(session))
+    if answer == "not_found":
+        raise _not_found(execution_id, session)
+    if answer == "terminal":
+        raise UIError(409, "EXECUTION_TERMINAL",
+                      f"execution {execution_id!r} already ended ({status}); nothing to "
+                      "terminate", session=session)
+    return _back(execution_id, "terminated")
+
+
 @router.get("/executions/{execution_id}/{action}")
 async def action_by_get(request: Request, execution_id: str, action: str) -> Response:
     """Actions are POSTs; a bookmarked or reloaded action URL shows the execution."""
@@ -792,6 +1033,166 @@ async def resolve(request: Request, execution_id: str) -> Response:
                       f"step {res.step!r} of {execution_id!r} is not waiting for a decision "
                       f"(the execution is {status})", session=session)
     return _back(execution_id, "resolved")
+
+
+# ------------------------------------------------------- bulk operations
+
+OPERATION_ID = re.compile(r"op-[0-9a-f]{16}")
+MAX_EXECUTION_IDS = 10_000
+ACTION_WORDS = {
+    "cancel": "cancel each one (as the Cancel button does)",
+    "redrive": "redrive each one in place (failed, timed out or cancelled ones)",
+    "resume": "resume each one parked as poison",
+    "resolve": "resolve each one's parked step with retry: call it again with the same "
+               "idempotency key",
+}
+assert set(ACTION_WORDS) == set(BULK_ACTIONS)
+
+
+@dataclass
+class BulkForm:
+    raw: dict[str, str] = field(default_factory=dict)
+    action: str = "cancel"
+    spec: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+BULK_FIELDS = ("action", "workflowId", "status", "admittedFrom", "admittedTo",
+               "minUnacknowledgedDeliveries", "executionIds", "reason", "fromStep",
+               "timeoutSeconds")
+
+
+def _bulk_form(form: dict[str, str]) -> BulkForm:
+    """The action, its filter (the API's shape) and options, or problems."""
+    raw = {k: form.get(k, "").strip() for k in BULK_FIELDS}
+    b = BulkForm(raw=raw, action=raw["action"])
+    p = b.problems
+    if b.action not in BULK_ACTIONS:
+        p.append(f"action: one of {', '.join(BULK_ACTIONS)}")
+    if v := raw["workflowId"]:
+        if ID_RE.fullmatch(v):
+            b.spec["workflowId"] = v
+        else:
+            p.append("workflow: 1 to 200 characters from A-Z a-z 0-9 . _ : -")
+    if v := raw["status"]:
+        if v in STATUSES:
+            b.spec["status"] = v
+        else:
+            p.append(f"status: one of {', '.join(STATUSES)}")
+    for name in ("admittedFrom", "admittedTo"):
+        if (v := raw[name]) and (at := _parse_time(name, v, p)) is not None:
+            b.spec[name] = at.isoformat()
+    if v := raw["minUnacknowledgedDeliveries"]:
+        if (n := _int("minUnacknowledgedDeliveries", v, 0, 2**31 - 1, p)) is not None:
+            b.spec["minUnacknowledgedDeliveries"] = n
+    if v := raw["executionIds"]:
+        ids = list(dict.fromkeys(re.split(r"[\s,]+", v.strip())))
+        bad = [i for i in ids if not _EXECUTION_ID.fullmatch(i)]
+        if bad:
+            p.append(f"execution IDs: {bad[0][:100]!r} is not an execution ID")
+        elif len(ids) > MAX_EXECUTION_IDS:
+            p.append(f"execution IDs: at most {MAX_EXECUTION_IDS}; start several operations")
+        else:
+            b.spec["executionIds"] = ids
+            raw["executionIds"] = " ".join(ids)
+    if not b.spec and not p:
+        p.append("filter: give at least one condition (workflow, status, admitted from / to, "
+                 "unacknowledged deliveries, or execution IDs)")
+    b.reason = _text_field("reason", raw["reason"], 2000, p)
+    if b.action == "redrive":
+        if step := _step_field(raw["fromStep"], p):
+            b.options["fromStep"] = step
+        if v := raw["timeoutSeconds"]:
+            if (n := _int("timeoutSeconds", v, 1, REDRIVE_MAX_SECONDS, p)) is not None:
+                b.options["timeoutSeconds"] = n
+    if b.action == "resolve":
+        b.options = {"resolution": {"action": "retry", "result": None, "error": None}}
+    return b
+
+
+async def _bulk_page(request: Request, session: Session, b: BulkForm, *,
+                     counted: tuple[int, list[str]] | None = None, status: int = 200) -> Response:
+    store = request.app.state.store
+    live = await _live(request)
+    return _render(request, "operations.html", {
+        "b": b, "counted": counted, "actions": ACTION_WORDS,
+        "workflow_ids": sorted(set(await store.workflow_ids_seen()) | live
+                               | set(request.app.state.workflows or {})),
+        "limit": request.app.state.settings.max_operation_executions,
+    }, session=session, status=status)
+
+
+@router.get("/operations")
+async def operations_page(request: Request) -> Response:
+    session = await _session(request, need="operate")
+    return await _bulk_page(request, session, BulkForm())
+
+
+@router.post("/operations")
+async def operations_post(request: Request) -> Response:
+    """do=count: the dry run (how many, a sample), nothing acted on; do=start:
+    create the operation (the items are what the filter matches now)."""
+    session, form = await _checked_post(request)
+    b = _bulk_form(form)
+    if b.problems:
+        return await _bulk_page(request, session, b, status=422)
+    store = request.app.state.store
+    if form.get("do") != "start":
+        return await _bulk_page(request, session, b,
+                                counted=await store.preview_operation(b.spec))
+    limit = request.app.state.settings.max_operation_executions
+    record = await store.create_operation(b.action, b.spec, by=_actor(session),
+                                          options=b.options, reason=b.reason, max_matched=limit)
+    if record is None:
+        raise UIError(422, "TOO_MANY_MATCHED",
+                      f"the filter matches more than {limit} executions "
+                      "(FENCEPOST_MAX_OPERATION_EXECUTIONS); narrow it (e.g. admitted from / "
+                      "to) and start several operations", session=session)
+    return RedirectResponse(f"/ui/operations/{record['operation_id']}", status_code=303)
+
+
+async def _operation(request: Request, operation_id: str, session: Session) -> dict:
+    record = None
+    if OPERATION_ID.fullmatch(operation_id):
+        record = await request.app.state.store.get_operation(operation_id)
+    if record is None:
+        raise UIError(404, "OPERATION_NOT_FOUND",
+                      f"no operation {operation_id[:100]!r}; start one at /ui/operations",
+                      session=session)
+    return record
+
+
+@router.get("/operations/{operation_id}")
+async def operation_page(request: Request, operation_id: str) -> Response:
+    session = await _session(request, need="operate")
+    op = await _operation(request, operation_id, session)
+    return _render(request, "operation.html", {
+        "op": op, "now": await request.app.state.store.db_now(), "actions": ACTION_WORDS,
+        "refresh": 2 if op["status"] == "running" else None,
+        "notice": "Stopped: what was done stays done; the rest is not acted on."
+        if request.query_params.get("done") == "stopped" else None,
+    }, session=session)
+
+
+@router.post("/operations/{operation_id}/cancel")
+async def operation_cancel(request: Request, operation_id: str) -> Response:
+    session, _ = await _checked_post(request)
+    await _operation(request, operation_id, session)
+    answer, record = await request.app.state.store.cancel_operation(operation_id,
+                                                                    _actor(session))
+    if answer == "finished":
+        raise UIError(409, "OPERATION_FINISHED",
+                      f"operation {operation_id!r} already {record['status']}; nothing to stop",
+                      session=session)
+    return RedirectResponse(f"/ui/operations/{operation_id}?done=stopped", status_code=303)
+
+
+@router.get("/operations/{operation_id}/cancel")
+async def operation_cancel_by_get(operation_id: str) -> Response:
+    """A reloaded Stop URL shows the operation."""
+    return RedirectResponse(f"/ui/operations/{_pathseg(operation_id)}", status_code=303)
 
 
 # ----------------------------------------------------------------- workers

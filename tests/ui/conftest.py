@@ -39,7 +39,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "ui"
 WORKFLOWS = load_workflows(["tests.ui.flows"])
-assert sorted(WORKFLOWS) == ["ui-charge", "ui-echo", "ui-sleep"], sorted(WORKFLOWS)
+assert sorted(WORKFLOWS) == ["ui-charge", "ui-echo", "ui-ship", "ui-sleep"], sorted(WORKFLOWS)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.sdk import OutcomeUnknown, WorkflowContext, workflow
+from app.sdk import NO_RETRY, OutcomeUnknown, WorkflowContext, workflow
+
+FIXED: set[str] = set()            # ui-ship executions whose warehouse is back
+CALLS: list[tuple[str, str]] = []  # (execution ID, step) each time a step function ran
 
 
 def charge_card(amount: int, *, idempotency_key: str) -> dict:
@@ -36,3 +39,24 @@ async def ui_sleep(ctx: WorkflowContext, params: Any) -> dict:
 @workflow("ui-echo")
 async def ui_echo(ctx: WorkflowContext, params: Any) -> dict:
     return {"echo": await ctx.step("echo", echo, params)}
+
+
+def reserve(eid: str) -> str:
+    CALLS.append((eid, "reserve"))
+    return "held"
+
+
+def ship(eid: str, note: Any) -> str:
+    CALLS.append((eid, "ship"))
+    if eid not in FIXED:
+        raise LookupError("the warehouse is down")
+    return f"shipped {note}"
+
+
+@workflow("ui-ship")
+async def ui_ship(ctx: WorkflowContext, params: Any) -> dict:
+    """reserve, then ship: ship fails (no retry) until FIXED holds the execution."""
+    eid = ctx.execution_id
+    await ctx.step("reserve", reserve, eid)
+    shipped = await ctx.step("ship", ship, eid, params.get("note"), retry=NO_RETRY)
+    return {"ship": shipped}
