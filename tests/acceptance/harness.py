@@ -24,10 +24,11 @@ plain SQL helpers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,18 @@ def steps_spec(*keys: str, seconds: float = 0.0, **overrides: dict) -> dict:
     """Params for acc-steps: `keys` in order, each taking `seconds`; per-key
     overrides as keyword arguments, e.g. two={"block_first": 30}."""
     return {"steps": [{"key": k, "seconds": seconds, **overrides.get(k, {})} for k in keys]}
+
+
+@contextlib.asynccontextmanager
+async def opened(harness: Harness, request) -> AsyncIterator[Harness]:
+    """`harness` open for one test: closed after it (its workers killed), and
+    its workers' logs printed when the test failed (`request`: the test's
+    fixture request; tests.acceptance.conftest's report hook must be loaded)."""
+    await harness.open()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+        report = getattr(request.node, "_acc_report_call", None)
+        if report is None or report.failed:
+            print(harness.logs())

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import LEASE_SECONDS, Harness
+from tests.acceptance.harness import LEASE_SECONDS, Harness, opened
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,15 +28,8 @@ class CleanupHarness(Harness):
 
 @pytest_asyncio.fixture
 async def harness(database_url, tmp_path, request) -> AsyncIterator[Harness]:
-    h = CleanupHarness(database_url, tmp_path / "h")
-    await h.open()
-    try:
+    async with opened(CleanupHarness(database_url, tmp_path / "h"), request) as h:
         yield h
-    finally:
-        await h.close()
-        report = getattr(request.node, "_acc_report_call", None)
-        if report is None or report.failed:
-            print(h.logs())
 
 
 async def _event_at(h: Harness, eid: str, kind: str):

@@ -20,7 +20,7 @@ from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.acceptance.conftest import make_harness, pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import Harness
+from tests.acceptance.harness import Harness, opened
 from tests.hardening import flows
 from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
@@ -63,12 +63,5 @@ async def workers(hard_settings: Settings, store: ExecutionStore) -> AsyncIterat
 
 @pytest_asyncio.fixture
 async def harness(database_url, tmp_path, request) -> AsyncIterator[Harness]:
-    h = HardeningHarness(database_url, tmp_path / "h")
-    await h.open()
-    try:
+    async with opened(HardeningHarness(database_url, tmp_path / "h"), request) as h:
         yield h
-    finally:
-        await h.close()
-        report = getattr(request.node, "_acc_report_call", None)
-        if report is None or report.failed:
-            print(h.logs())

@@ -20,12 +20,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.operator import flows
 from tests.operator.procs import Procs
+from tests.support.asgi import asgi_client
 from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
@@ -68,12 +68,8 @@ def store(pool: asyncpg.Pool, op_settings: Settings) -> ExecutionStore:
 
 @pytest_asyncio.fixture
 async def api(op_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(op_settings, workflows=WORKFLOWS)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://fencepost.test",
-                                     timeout=30) as client:
-            yield client
+    async with asgi_client(op_settings, WORKFLOWS) as client:
+        yield client
 
 
 @pytest_asyncio.fixture

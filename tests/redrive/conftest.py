@@ -11,11 +11,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.redrive import flows
+from tests.support.asgi import asgi_client
 from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 
@@ -39,12 +39,8 @@ def store(pool: asyncpg.Pool, rd_settings: Settings) -> ExecutionStore:
 
 @pytest_asyncio.fixture
 async def api(rd_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(rd_settings, workflows=WORKFLOWS)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://fencepost.test",
-                                     timeout=30) as client:
-            yield client
+    async with asgi_client(rd_settings, WORKFLOWS) as client:
+        yield client
 
 
 @pytest_asyncio.fixture

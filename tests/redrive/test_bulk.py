@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from app.store import ExecutionStore
 from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import Harness
+from tests.acceptance.harness import Harness, opened
 from tests.operator.helpers import admit, assert_error, events_of, wait_for, wait_status
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,15 +138,8 @@ class BulkHarness(Harness):
 
 @pytest_asyncio.fixture
 async def harness(database_url, tmp_path, request) -> AsyncIterator[Harness]:
-    h = BulkHarness(database_url, tmp_path / "h")
-    await h.open()
-    try:
+    async with opened(BulkHarness(database_url, tmp_path / "h"), request) as h:
         yield h
-    finally:
-        await h.close()
-        report = getattr(request.node, "_acc_report_call", None)
-        if report is None or report.failed:
-            print(h.logs())
 
 
 @pytest.mark.timeout(240)

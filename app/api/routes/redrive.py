@@ -88,6 +88,12 @@ class Fork(Camel):
     copied: list[str] = Field(description="Step keys copied from the source, in recorded order.")
 
 
+def _no_step(execution_id: str, step: str | None) -> ApiError:
+    return ApiError(404, "STEP_NOT_FOUND",
+                    f"execution {execution_id!r} has no recorded step {step!r}; "
+                    "see GET /v1/executions/{id}/steps")
+
+
 def _ended_only(execution_id: str, status: str) -> ApiError:
     return ApiError(409, "EXECUTION_NOT_ENDED",
                     f"execution {execution_id!r} is {status}; only a failed, timed_out, "
@@ -132,9 +138,7 @@ async def redrive(execution_id: str, request: Request, store: StoreDep, settings
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "step_not_found":
-        raise ApiError(404, "STEP_NOT_FOUND",
-                       f"execution {execution_id!r} has no recorded step {body.from_step!r}; "
-                       "see GET /v1/executions/{id}/steps")
+        raise _no_step(execution_id, body.from_step)
     if answer == "not_ended":
         raise _ended_only(execution_id, detail)
     if answer == "completed":
@@ -206,9 +210,7 @@ async def fork(execution_id: str, request: Request, store: StoreDep, settings: S
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "step_not_found":
-        raise ApiError(404, "STEP_NOT_FOUND",
-                       f"execution {execution_id!r} has no recorded step {body.from_step!r}; "
-                       "see GET /v1/executions/{id}/steps")
+        raise _no_step(execution_id, body.from_step)
     if answer == "conflict":
         raise ApiError(409, "EXECUTION_ID_CONFLICT",
                        f"execution ID {new_id!r} is taken ({detail['status']}); fork under "
