@@ -211,6 +211,8 @@ EVENT_WORDS: dict[str, str] = {
     "cancelled": "cancelled",
     "timed_out": "timed out: the deadline passed",
     "integrity_conflict": "integrity conflict: a stale holder saw a different result",
+    "redriven": "redriven: reopened under the same ID",
+    "forked": "forked: a new execution copies its steps",
 }
 
 

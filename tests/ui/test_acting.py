@@ -230,27 +230,50 @@ async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
     assert (await ui.store.get(other))["status"] == "completed"
 
 
-async def test_bulk_redrive_shows_failures_and_can_be_stopped(open_ui):
-    ui = await open_ui(worker=False)  # nobody carries the operation out: it can be stopped
+async def test_bulk_redrive_shows_failures_then_a_stop(open_ui):
+    ui = await open_ui(worker=False)  # the test carries the operation out, as a worker does
     for i in range(3):
         await admit(ui.store, "ui-echo", {}, execution_id=f"wait-{i}")
     page = await ui.page()
     await page.goto("/ui/operations")
     form = page.locator("form.bulk")
     await form.locator("select[name=action]").select_option("redrive")
-    await form.locator("textarea[name=executionIds]").fill("wait-0 wait-1\nwait-2")
-    await form.locator("input[name=reason]").fill("test stop")
+    await form.locator("textarea[name=executionIds]").fill("wait-0 wait-1\nwait-2,wait-0")
+    await form.locator("input[name=reason]").fill("try again")
     await page.locator("#count").click()
     await expect(page.locator("#counted .matched")).to_have_text("3")
     await page.locator("#start").click()
     await expect(page.locator("#op-status")).to_have_text("running")
     await expect(page.locator("#op-pending")).to_have_text("3")
+    await expect(page.locator("meta[http-equiv=refresh]")).to_have_count(1)
+    # Carried out: none of them had ended, so each is a failure with its code.
+    # The page was not reloaded by the test: it refreshes itself while running.
+    assert await ui.store.run_operation_batch() == 3
+    await expect(page.locator("#op-status")).to_have_text("completed", timeout=10_000)
+    await expect(page.locator("#op-failed")).to_have_text("3")
+    failures = page.locator("table.failures tbody tr")
+    await expect(failures).to_have_count(3)
+    await expect(failures.first).to_contain_text("EXECUTION_NOT_ENDED")
+    await expect(page.locator("#stop")).to_have_count(0)
+    await expect(page.locator("meta[http-equiv=refresh]")).to_have_count(0)
+    await ui.shot(page, "operation-with-failures")
+
+    # A second one, stopped before any worker takes it.
+    await page.goto("/ui/operations")
+    await form.locator("select[name=action]").select_option("cancel")
+    await form.locator("select[name=workflowId]").select_option("ui-echo")
+    await page.locator("#count").click()
+    await page.locator("#start").click()
+    await expect(page.locator("#op-status")).to_have_text("running")
     csrf = await form_csrf(page)
     await page.locator("#stop").click()
     await expect(page.locator("#notice")).to_contain_text("Stopped")
     await expect(page.locator("#op-status")).to_have_text("cancelled")
     await expect(page.locator("#op-pending")).to_have_text("3")
     await ui.shot(page, "operation-stopped")
+    assert await ui.store.run_operation_batch() == 0  # nothing of it is carried out
+    for i in range(3):
+        assert (await ui.store.get(f"wait-{i}"))["status"] == "admitted"
     # Stopping it again is refused with a page.
     answer = await page.request.post(page.url.split("?")[0] + "/cancel", form={"csrf": csrf})
     assert answer.status == 409 and "OPERATION_FINISHED" in await answer.text()
