@@ -87,6 +87,8 @@ executions = Table(
     Column("redrives", Integer, nullable=False, server_default=text("0")),
     Column("forked_from", Text, nullable=True),
     Column("forked_from_step", Text, nullable=True),
+    # The admission's W3C traceparent: every delivery's span is its child.
+    Column("traceparent", Text, nullable=True),
     # Late observations that disagreed with what was recorded (never applied).
     Column("integrity_conflicts", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from app import tracing
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
 from app.registry import ID_RE, SYSTEM_ID_SEPARATOR, WorkflowDefinition, workflow
@@ -323,6 +324,11 @@ class WorkflowContext:
             self.stopped = reason
         self.lease_lost = self.lease_lost or lease_lost
 
+    def _traced(self, key: str, attempt: int) -> dict[str, Any]:
+        """A step span's attributes."""
+        return {"fencepost.execution_id": self.execution_id, "fencepost.step_key": key,
+                "fencepost.attempt": attempt, "fencepost.token": self._lease.token}
+
     def _live(self) -> None:
         """At every ctx call, replays included: stop if the delivery is
         stopped; keep suspending if it is suspending (a `finally:` or a
@@ -373,7 +379,8 @@ class WorkflowContext:
             attempt += 1
             started = time.perf_counter()
             try:
-                value = await self._attempt(key, fn, args, kwargs, limit)
+                with tracing.span(f"fencepost step {key}", attributes=self._traced(key, attempt)):
+                    value = await self._attempt(key, fn, args, kwargs, limit)
             except Retry:
                 raise
             except Exception as exc:
@@ -471,7 +478,10 @@ class WorkflowContext:
             try:
                 # Shielded: if the delivery is stopped mid-call, what the remote
                 # side answers is still kept (see _effect_answer_after_stop).
-                value = await asyncio.shield(call)
+                with tracing.span(f"fencepost effect {key}",
+                                  attributes={**self._traced(key, attempts),
+                                              "fencepost.idempotency_key": ikey}):
+                    value = await asyncio.shield(call)
             except asyncio.CancelledError:
                 await self._effect_answer_after_stop(key, name, attempts, call,
                                                      transport_errors_unknown)
@@ -515,11 +525,14 @@ class WorkflowContext:
         while True:
             attempt += 1
             try:
-                record = await self._fenced(
-                    self._store.transaction_step(self._lease, key, fn, args, function_name=name,
-                                                 attempts=attempt, check_value=self._value_problem),
-                    key,
-                )
+                with tracing.span(f"fencepost transaction {key}",
+                                  attributes=self._traced(key, attempt)):
+                    record = await self._fenced(
+                        self._store.transaction_step(self._lease, key, fn, args,
+                                                     function_name=name, attempts=attempt,
+                                                     check_value=self._value_problem),
+                        key,
+                    )
             except TransactionFailed as failed:
                 exc = failed.cause
                 if is_retryable_conflict(exc) and conflicts < TRANSACTION_CONFLICT_RETRIES:

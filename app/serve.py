@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from app import tracing
 from app.logs import FORMATS, configure_logging
 from app.settings import Settings
 
@@ -69,6 +70,7 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.model_copy(update={"allowed_hosts": ",".join(LOOPBACK_HOSTS)})
     log_level = args.log_level or settings.log_level
     configure_logging(log_level, args.log_format or settings.log_format)
+    tracing.configure_from_env("fencepost-api")
     asyncio.run(_preflight(settings))
     app = create_app(settings)
     # The head limit is enforced while reading (not only once parsed), and
@@ -125,6 +127,7 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.workflows is not None:
         settings = settings.model_copy(update={"workflows": args.workflows})
     configure_logging(args.log_level or settings.log_level, args.log_format or settings.log_format)
+    tracing.configure_from_env("fencepost-worker")
     if not settings.workflow_modules:
         print("error: name the workflow modules: --workflows or FENCEPOST_WORKFLOWS", file=sys.stderr)
         return 2

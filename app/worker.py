@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 from pydantic import ValidationError
 
+from app import tracing
 from app.bulk import OperationRunner
 from app.db import asyncpg_dsn, create_pool
 from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
@@ -336,7 +337,7 @@ class Worker:
                           stale.lease.token, delivery.lease.token, extra=_ids(stale.lease))
             METRICS.leases_lost.inc()
             self._lose(stale)
-        task = asyncio.create_task(self._deliver(delivery, steps), name=f"delivery {eid}")
+        task = asyncio.create_task(self._traced(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
         running = self._running[eid] = Running(delivery.lease, task)
         if delivery.interrupt is not None and delivery.cleanup_ends is not None:
@@ -365,6 +366,16 @@ class Worker:
         if running is not None and running.lease.token == lease.token:
             return running.lease
         return lease
+
+    async def _traced(self, delivery: Delivery, steps: dict[str, StepRecord] | None) -> None:
+        """The delivery under its span, a child of the admission's trace."""
+        lease = delivery.lease
+        with tracing.span("fencepost delivery", parent=delivery.traceparent, attributes={
+                "fencepost.execution_id": lease.execution_id,
+                "fencepost.workflow_id": delivery.workflow_id,
+                "fencepost.token": lease.token, "fencepost.worker_id": self.worker_id,
+                "fencepost.taken_over": delivery.taken_over}):
+            await self._deliver(delivery, steps)
 
     async def _deliver(self, delivery: Delivery, steps: dict[str, StepRecord] | None) -> None:
         lease = delivery.lease

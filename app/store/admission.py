@@ -54,6 +54,7 @@ class AdmissionStatements:
         code_version: str | None = None,
         admitted_by: str | None = None,
         if_exists: Literal["error", "return"] = "error",
+        traceparent: str | None = None,
     ) -> Admitted | Conflict | Existing:
         """Record the execution and its first wake (due now) in one statement,
         or report the record that already holds the ID. IDs are never reused.
@@ -68,10 +69,11 @@ class AdmissionStatements:
                     WITH ins AS (
                         INSERT INTO executions
                             (execution_id, workflow_id, params, context, status, due_at,
-                             deadline, code_version, admitted_by)
+                             deadline, code_version, admitted_by, traceparent)
                         -- Python None is SQL NULL on the wire; as params it means JSON null.
                         SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
-                               coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8
+                               coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8,
+                               $9
                         -- IDs are never reused: not a retired one, and not one whose
                         -- row this statement sees. (A row being deleted by retention
                         -- is still seen: the insert must not wait for that delete
@@ -97,6 +99,7 @@ class AdmissionStatements:
                     code_version,
                     timeout_seconds,
                     admitted_by,
+                    traceparent,
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 # NaN/Infinity (the encoder refuses them), \u0000 and lone

@@ -133,7 +133,8 @@ class LeaseStatements:
                           now() AS claimed_at, {INTERRUPT_SQL},
                           fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
                                                  e.cleanup_seconds) AS cleanup_ends,
-                          (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history
+                          (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
+                          e.traceparent
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'lease_expired', token - 1,
@@ -170,6 +171,7 @@ class LeaseStatements:
                 interrupt=r["interrupt"],
                 cleanup_ends=r["cleanup_ends"],
                 has_history=r["has_history"],
+                traceparent=r["traceparent"],
             )
             for r in rows
         ]

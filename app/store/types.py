@@ -67,6 +67,8 @@ class Delivery:
     # Steps may be recorded: a holder came before this one (token > 1), or
     # a fork copied them before its first claim.
     has_history: bool = True
+    # The admission's W3C trace context: this delivery's span is its child.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

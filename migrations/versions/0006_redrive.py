@@ -11,6 +11,8 @@ Create Date: 2026-12-01 17:40:00
 - `executions.forked_from` / `forked_from_step`: the execution and step a
   fork copied its history from (the source names the fork in a `forked`
   event); indexed for the listing of a source's forks.
+- `executions.traceparent`: the W3C trace context of the admission, the parent
+  of every delivery's span (app/tracing.py).
 - `operations` / `operation_items`: a bulk action (cancel, redrive, resume,
   resolve) over the executions a filter matched when it was created (the
   items), carried out by workers in bounded batches; each item is marked in
@@ -54,6 +56,7 @@ def upgrade() -> None:
                                           server_default=sa.text('0')))
     op.add_column('executions', sa.Column('forked_from', sa.Text(), nullable=True))
     op.add_column('executions', sa.Column('forked_from_step', sa.Text(), nullable=True))
+    op.add_column('executions', sa.Column('traceparent', sa.Text(), nullable=True))
     op.create_index('ix_executions_forked_from', 'executions', ['forked_from'],
                     postgresql_where=sa.text('forked_from IS NOT NULL'))
     op.create_table(
@@ -101,6 +104,7 @@ def downgrade() -> None:
     op.drop_table('operation_items')
     op.drop_table('operations')
     op.drop_index('ix_executions_forked_from', table_name='executions')
+    op.drop_column('executions', 'traceparent')
     op.drop_column('executions', 'forked_from_step')
     op.drop_column('executions', 'forked_from')
     op.drop_column('executions', 'redrives')

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from app import tracing
 from app.api.auth import Reader, Trigger, Waker
 from app.api.common import (
     _UNSTORABLE_TEXT,
@@ -105,18 +106,24 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                 "database clock); nothing was admitted. Give a later deadline, or "
                 "timeoutSeconds for a deadline relative to admission",
             )
+    incoming = tracing.valid_traceparent(request.headers.get("traceparent"))
     try:
-        result = await store.admit(
-            workflow_id=req.workflow_id,
-            params=req.params,
-            context=req.context,
-            execution_id=req.execution_id,
-            deadline=req.deadline,
-            timeout_seconds=timeout_seconds,
-            code_version=definition.version if definition is not None else None,
-            admitted_by=principal.token_id,
-            if_exists=req.if_exists,
-        )
+        with tracing.span("fencepost admit", parent=incoming,
+                          attributes={"fencepost.workflow_id": req.workflow_id,
+                                      "fencepost.execution_id": req.execution_id}):
+            result = await store.admit(
+                workflow_id=req.workflow_id,
+                params=req.params,
+                context=req.context,
+                execution_id=req.execution_id,
+                deadline=req.deadline,
+                timeout_seconds=timeout_seconds,
+                code_version=definition.version if definition is not None else None,
+                admitted_by=principal.token_id,
+                if_exists=req.if_exists,
+                # This span's context (else the caller's): the deliveries' parent.
+                traceparent=tracing.current_traceparent() or incoming,
+            )
     except InvalidEvent as exc:
         raise ApiError(
             422, "INVALID_EXECUTION_EVENT",
