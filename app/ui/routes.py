@@ -654,6 +654,8 @@ async def execution_page(request: Request, execution_id: str) -> Response:
 def _redriven_notice(raw: str, steps: list[dict]) -> str:
     """Which steps redrive number `raw` superseded, from the superseded history."""
     n = _int("redrive", raw, 1, 2**31 - 1, [])
+    if n is None:
+        return "Redriven: a worker continues it now."
     keys = [s["step_key"] for s in steps if s["grp"] == 2 and s["redrive"] == n]
     if keys:
         return (f"Redriven (redrive {n}): step{'s' if len(keys) > 1 else ''} "
