@@ -142,3 +142,39 @@ def test_schemathesis(live: Live, method: str, path: str, mode: GenerationMode) 
         # Closes the app's pool (on schemathesis' event-loop thread) before the
         # test database is dropped.
         asgi.shutdown_lifespans()
+
+
+@pytest.mark.timeout(300)
+def test_schemathesis_stateful(live: Live) -> None:
+    """The stateful phase: call sequences chained by the schema's links (an
+    admission's executionId into every operation on that execution, a
+    schedule's and an operation's IDs likewise), each call with a token of a
+    role the operation admits; every answer checked as above."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", live.app)
+    schema.config.generation.update(allow_extra_parameters=False)
+    base = schema.as_state_machine()
+    seen: set[str] = set()
+
+    class Machine(base):  # type: ignore[misc, valid-type]
+        def before_call(self, case) -> None:
+            role = roles_for(case.operation.method.upper(), case.operation.path)[0]
+            if role is not None:
+                headers = case.headers if case.headers is not None else {}
+                headers["Authorization"] = f"Bearer {live.tokens[role]}"
+                case.headers = headers
+            bounded_wait(case)
+
+        def validate_response(self, response, case, **kwargs) -> None:
+            seen.add(case.operation.label)
+            case.validate_response(response, checks=CHECKS)
+
+    try:
+        Machine.run(settings=settings(max_examples=MAX_EXAMPLES, derandomize=True,
+                                      deadline=None, database=None,
+                                      suppress_health_check=list(HealthCheck),
+                                      stateful_step_count=6))
+    finally:
+        asgi.shutdown_lifespans()
+    print(f"stateful phase reached {len(seen)} operations: {sorted(seen)}")
+    # It followed links: operations that take an ID another answer carried.
+    assert any("{" in label for label in seen), sorted(seen)
