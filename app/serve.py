@@ -51,6 +51,9 @@ def unauthenticated_bind_problem(host: str, settings: Settings, allow: bool | No
             "names clients use in FENCEPOST_ALLOWED_HOSTS")
 
 
+API_SHUTDOWN_SECONDS = 5
+
+
 def run_api(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
@@ -79,7 +82,10 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level=log_level,
                 access_log=False, lifespan="on", log_config=None, http=protocol,
                 proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
-                h11_max_incomplete_event_size=settings.max_header_bytes)
+                h11_max_incomplete_event_size=settings.max_header_bytes,
+                # A stop lets requests finish for this long; a long-poll
+                # (waitSeconds up to 60) is cut then, and its client asks again.
+                timeout_graceful_shutdown=API_SHUTDOWN_SECONDS)
     return 0
 
 
