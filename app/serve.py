@@ -79,13 +79,24 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
     # The head limit is enforced while reading (not only once parsed), and
     # X-Forwarded-Proto/For are trusted from the listed proxies only.
     protocol = guarded_http_protocol(settings.max_header_bytes) or "auto"
-    uvicorn.run(app, host=args.host, port=args.port, log_level=log_level,
-                access_log=False, lifespan="on", log_config=None, http=protocol,
-                proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
-                h11_max_incomplete_event_size=settings.max_header_bytes,
-                # A stop lets requests finish for this long; a long-poll
-                # (waitSeconds up to 60) is cut then, and its client asks again.
-                timeout_graceful_shutdown=API_SHUTDOWN_SECONDS)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=log_level, access_log=False,
+        lifespan="on", log_config=None, http=protocol, proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        # A stop lets requests finish for this long, then cuts what is left.
+        timeout_graceful_shutdown=API_SHUTDOWN_SECONDS)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
+            # The long-polls (waitSeconds up to 60) answer now with the record
+            # as it is: a stop is not held up by them, and no client is cut.
+            waiters = getattr(app.state, "waiters", None)
+            if waiters is not None and waiters.loop is not None:
+                waiters.loop.call_soon_threadsafe(waiters.release_all)
+            super().handle_exit(sig, frame)
+
+    Server(config).run()
     return 0
 
 

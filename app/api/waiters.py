@@ -44,6 +44,8 @@ class Waiters:
         self._recheck_now = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self._closing = False  # the process is stopping: nobody waits any more
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.connects = 0  # listening connections opened so far (tests watch reconnects)
 
     @property
@@ -52,6 +54,7 @@ class Waiters:
         return sum(len(events) for events in self._waiting.values())
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._listen(), name="waiters: listen"),
                        asyncio.create_task(self._recheck(), name="waiters: re-check")]
 
@@ -76,6 +79,8 @@ class Waiters:
     def watch(self, execution_id: str) -> Iterator[asyncio.Event]:
         """An event set when `execution_id` ends; registered for the block."""
         event = asyncio.Event()
+        if self._closing:
+            event.set()
         self._waiting.setdefault(execution_id, set()).add(event)
         try:
             yield event
@@ -85,6 +90,14 @@ class Waiters:
                 events.discard(event)
                 if not events:
                     del self._waiting[execution_id]
+
+    def release_all(self) -> None:
+        """The process is stopping: every waiting request (and any later one)
+        answers now, with the record as it is, instead of being cut."""
+        self._closing = True
+        for events in self._waiting.values():
+            for event in events:
+                event.set()
 
     def _ended(self, execution_id: str) -> None:
         for event in self._waiting.get(execution_id, ()):
