@@ -166,6 +166,18 @@ class RedriveNeedsFromStep(FencepostError):
     code = "REDRIVE_NEEDS_FROM_STEP"
 
 
+class OperationNotFound(FencepostError):
+    code = "OPERATION_NOT_FOUND"
+
+
+class OperationFinished(FencepostError):
+    code = "OPERATION_FINISHED"
+
+
+class TooManyMatched(FencepostError):
+    code = "TOO_MANY_MATCHED"
+
+
 class ScheduleNotFound(FencepostError):
     code = "SCHEDULE_NOT_FOUND"
 
@@ -213,7 +225,8 @@ ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
         ReservedExecutionId, DeadlineInThePast, Unauthenticated, Forbidden, NotFound,
         WorkflowNotFound, ExecutionNotFound, StepNotFound, ExecutionIdConflict,
         ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, ExecutionNotEnded,
-        RedriveNeedsFromStep, ScheduleNotFound, ScheduleExists, InvalidSchedule,
+        RedriveNeedsFromStep, OperationNotFound, OperationFinished, TooManyMatched,
+        ScheduleNotFound, ScheduleExists, InvalidSchedule,
         MethodNotAllowed, HostNotAllowed, RequestHeaderFieldsTooLarge, SchemaOutOfDate, RateLimited,
         TooManyPendingSignals, DatabaseUnavailable,
     )
