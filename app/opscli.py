@@ -27,6 +27,8 @@ from app.client import Client, FencepostError
 from app.schema import STATUSES
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The CLI's own environment (a caller's, not server settings: app.settings has neither).
+URL_VARIABLE, TOKEN_VARIABLE = "FENCEPOST_URL", "FENCEPOST_TOKEN"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
 MAX_PAGE = 500  # the API's largest page of executions
@@ -433,12 +435,12 @@ def block(record: dict[str, Any]) -> None:
 
 
 def client_for(args: argparse.Namespace) -> tuple[Client, str]:
-    url = args.url or os.environ.get("FENCEPOST_URL") or DEFAULT_URL
+    url = args.url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"FENCEPOST_URL (or --url) {url!r} is not an http(s) URL; "
                           f"for example {DEFAULT_URL}")
-    token = args.token if args.token is not None else os.environ.get("FENCEPOST_TOKEN")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE)
     return Client(url, token=token or None), url
 
 
