@@ -504,8 +504,13 @@ async def test_several_dispatchers_share_one_backend(store, settings, open_pool)
         await admit(store, f"order-{i}")
     dispatchers = [ExecutionStore.from_settings(await open_pool(), settings) for _ in range(4)]
 
+    # All four start claiming together: one must not drain the queue before
+    # the others have even begun.
+    start = asyncio.Barrier(len(dispatchers))
+
     async def run(idx: int, s: ExecutionStore) -> list[Delivery]:
         got: list[Delivery] = []
+        await start.wait()
         while batch := await s.claim_due(3, LEASE, f"dispatcher-{idx}"):
             got += batch
         return got
