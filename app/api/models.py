@@ -38,7 +38,11 @@ class Camel(BaseModel):
 
 class AdmitRequest(Camel):
     # camelCase only: snake_case spellings are unknown fields.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=False, extra="forbid",
+        json_schema_extra={"examples": [
+            {"workflowId": "charge-order", "executionId": "order-42", "params": {"order_id": 42},
+             "timeoutSeconds": 3600, "ifExists": "return"}]})
 
     workflow_id: str = Field(pattern=ID_PATTERN, description=f"Registered workflow; {ID_RULE}.")
     execution_id: str | None = Field(

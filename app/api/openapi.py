@@ -92,11 +92,25 @@ LINKS: dict[tuple[str, str], tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+def _path_patterns() -> dict[str, str]:
+    """The shape the server holds each path parameter to, by name."""
+    from app.api.models import EXECUTION_ID_PATTERN, ID_PATTERN
+    from app.api.routes.bulk import OPERATION_ID
+    from app.registry import SCHEDULE_ID_RE
+
+    return {"execution_id": EXECUTION_ID_PATTERN, "step_key": ID_PATTERN, "name": ID_PATTERN,
+            "schedule_id": SCHEDULE_ID_RE.pattern, "operation_id": OPERATION_ID}
+
+
 def _name_and_link(schema: dict) -> None:
+    patterns = _path_patterns()
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             operation["operationId"] = OPERATION_IDS.get(
                 (method, path), operation.get("operationId"))
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "path" and parameter["name"] in patterns:
+                    parameter.setdefault("schema", {})["pattern"] = patterns[parameter["name"]]
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             for status, response in operation.get("responses", {}).items():
@@ -110,10 +124,19 @@ def _name_and_link(schema: dict) -> None:
                     for target in targets}
 
 
+# Any request whose line and headers exceed FENCEPOST_MAX_HEADER_BYTES (a very
+# long query string included) is refused before routing.
+_HEAD_TOO_LARGE = {
+    "description": "REQUEST_HEADER_FIELDS_TOO_LARGE",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
+
+
 def tidy(schema: dict) -> dict:
     _name_and_link(schema)
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
+            operation.setdefault("responses", {}).setdefault("431", _HEAD_TOO_LARGE)
             responses = operation.get("responses", {})
             if _refers_to(responses.get("422"), _GENERATED_422):
                 del responses["422"]

@@ -382,11 +382,14 @@ class OperatorStatements:
                     UNION ALL
                     -- Kept as they were when a redrive took them out of the record.
                     SELECT 2, p.recorded_at, p.step_key, 'superseded', p.attempts, p.token,
-                           p.function_name, p.recorded_at, NULL, NULL,
+                           p.function_name, p.recorded_at, f2.started_at, f2.idempotency_key,
                            CASE WHEN $2 THEN p.value END, CASE WHEN $2 THEN p.error END,
                            pg_column_size(p.value), p.error ->> 'name', p.superseded_at,
                            p.redrive
                     FROM superseded_steps p
+                    -- An effect's request identity stays the same across a redrive.
+                    LEFT JOIN effects f2
+                           ON f2.execution_id = p.execution_id AND f2.step_key = p.step_key
                     WHERE p.execution_id = e.execution_id
                 ) u
                 WHERE $4::int IS NULL

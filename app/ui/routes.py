@@ -52,7 +52,7 @@ from app.api.ids import check_client_execution_id
 from app.api.json_body import BodyError, parse_json, read_body
 from app.api.limits import LOOPBACK_HOSTS, host_name
 from app.api.models import EXECUTION_ID_PATTERN
-from app.api.routes.redrive import _fork_id
+from app.api.routes.redrive import fork_id
 from app.blocked import blocked_by
 from app.dberrors import is_infrastructure
 from app.registry import ID_RE
@@ -934,7 +934,7 @@ async def fork(request: Request, execution_id: str) -> Response:
     if f.problems:
         return await _fork_page(request, row, session, f, status=422)
     definition = (request.app.state.workflows or {}).get(row["workflow_id"])
-    new_id = f.new_id or _fork_id(execution_id)
+    new_id = f.new_id or fork_id(execution_id)
     try:
         answer, detail = await request.app.state.store.fork(
             execution_id, _actor(session), from_step=f.from_step, new_id=new_id,

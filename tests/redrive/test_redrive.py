@@ -66,6 +66,10 @@ async def test_a_redriven_effect_is_called_again_with_the_same_idempotency_key(
     await wait_status(store, eid, "completed")
     assert flows.KEYS[eid] == [f"{eid}:charge", f"{eid}:charge"]
     assert flows.calls(eid, "reserve") == 1
+    # The superseded attempt and the new step show the same request identity.
+    keys = {(s["status"], s["idempotencyKey"]) for s in await steps_of(api, eid)
+            if s["stepKey"] == "charge"}
+    assert keys == {("superseded", f"{eid}:charge"), ("completed", f"{eid}:charge")}, keys
 
 
 async def test_from_step_on_a_completed_execution_reruns_exactly_the_steps_from_there(

@@ -149,7 +149,8 @@ async def redrive(execution_id: str, request: Request, store: StoreDep, settings
             "superseded": detail.superseded}
 
 
-def _fork_id(source: str) -> str:
+def fork_id(source: str) -> str:
+    """The default ID of a fork of `source` (derived: no client can take it)."""
     candidate = f"{source}{SYSTEM_ID_SEPARATOR}fork-{secrets.token_hex(4)}"
     if len(candidate) <= 1000:  # EXECUTION_ID_PATTERN's length
         return candidate
@@ -198,7 +199,7 @@ async def fork(execution_id: str, request: Request, store: StoreDep, settings: S
     if definition is not None:
         registered_workflow(request, record["workflow_id"],
                             params if params is not None else record["params"])
-    new_id = body.execution_id or _fork_id(execution_id)
+    new_id = body.execution_id or fork_id(execution_id)
     try:
         answer, detail = await store.fork(
             execution_id, actor(principal, body.by), from_step=body.from_step, new_id=new_id,
