@@ -332,6 +332,10 @@ async def test_roles_with_authentication_on(open_ui):
 
     await page2.locator("#cancel").click()
     await page2.locator("#confirm-cancel").click()
+    await expect(page2.locator("#notice")).to_contain_text("Cancel requested")
+    # The worker delivers it once more (its cleanup), then it is cancelled.
+    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled")
+    await page2.reload()
     await expect(page2.locator("#status")).to_have_text("cancelled")
     record = await ui.store.get(eid)
     assert record["cancel_requested_by"] == "ops-omar"
