@@ -113,7 +113,9 @@ class UiStatements:
             rows = await conn.fetch(
                 """
                 WITH m AS (
-                    SELECT generate_series($1::timestamptz, date_trunc('minute', now()),
+                    -- Ends at the minute of the `now` read above: a later
+                    -- statement's now() may be a minute on (61 rows).
+                    SELECT generate_series($1::timestamptz, date_trunc('minute', $3::timestamptz),
                                            interval '1 minute') AS minute
                 ), ev AS (
                     SELECT date_trunc('minute', at) AS minute, kind, detail ->> 'status' AS status
@@ -133,6 +135,7 @@ class UiStatements:
                 """,
                 since,
                 first_id,
+                now,
             )
         return now, [dict(r) for r in rows]
 
