@@ -67,6 +67,10 @@ async def test_admission_delivery_and_steps_are_one_trace(database_url, pool, sp
         await workers.stop_all()
 
     finished = spans.get_finished_spans()
+    for s in sorted(finished, key=lambda s: s.start_time):
+        print(f"span {s.name!r} trace {_hex(s.context.trace_id, 32)} "
+              f"id {_hex(s.context.span_id, 16)} parent "
+              f"{_hex(s.parent.span_id, 16) if s.parent else None}")
     by_name = {s.name: s for s in finished}
     admit, delivery = by_name["fencepost admit"], by_name["fencepost delivery"]
     steps = [by_name[f"fencepost step {k}"] for k in ("one", "two", "three")]
