@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from app import bench, devserver, opscli, serve, shared_settings, soak, tokens_cli
-from app.settings import Settings
+from app.settings import ConfigurationError, Settings, database_url_problem, env_name
+from app.version import VERSION
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -50,8 +51,12 @@ def load_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()]
-        raise CliError("invalid configuration:\n" + "\n".join(lines), EXIT_USAGE) from None
+        # One line for all problems: each names its environment variable.
+        problems = []
+        for e in exc.errors():
+            message = e["msg"].removeprefix("Value error, ")
+            problems.append(f"{env_name(str(e['loc'][0]))}: {message}" if e["loc"] else message)
+        raise CliError("invalid configuration: " + "; ".join(problems), EXIT_USAGE) from None
 
 
 def require_database_url(settings: Settings, command: str) -> str:
@@ -61,6 +66,9 @@ def require_database_url(settings: Settings, command: str) -> str:
             "export DATABASE_URL=postgresql://user:password@host:5432/dbname",
             EXIT_USAGE,
         )
+    problem = database_url_problem(settings.database_url)
+    if problem:
+        raise CliError(problem, EXIT_USAGE)
     return settings.database_url
 
 
@@ -103,9 +111,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     url = require_database_url(load_settings(), "migrate")
     head = migrate.head_revision()
+    current = asyncio.run(migrate.current_revision(url))
+    if current is not None and current not in migrate.known_revisions():
+        raise CliError(str(migrate.SchemaNewerThanBuild(current)), EXIT_USAGE)
 
     if args.check:
-        current = asyncio.run(migrate.current_revision(url))
         if current == head:
             print(f"schema is at head ({head})")
             return EXIT_OK
@@ -173,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fencepost", description="Durable workflows on PostgreSQL."
     )
+    parser.add_argument("--version", action="version", version=f"fencepost {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in COMMANDS.values():
@@ -190,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

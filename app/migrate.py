@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db import sqlalchemy_url
+from app.version import VERSION
 
 # A source checkout has migrations/ beside the package (the image copies it
 # there too); an installed wheel carries the same files as app/migrations.
@@ -33,6 +34,10 @@ def alembic_config(url: str | None = None) -> Config:
 
 def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def known_revisions() -> set[str]:
+    return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
 async def _with_lock(url: str, fn) -> None:
@@ -89,14 +94,39 @@ class SchemaOutOfDate(RuntimeError):
     pass
 
 
+class SchemaNewerThanBuild(SchemaOutOfDate):
+    """The database was migrated by a newer build: `fencepost migrate` of this
+    build cannot help (it knows no way back from a revision it has never seen)."""
+
+    def __init__(self, revision: str) -> None:
+        super().__init__(
+            f"the database schema is at revision {revision}, newer than this build "
+            f"(fencepost {VERSION}, which knows revisions up to {head_revision()}): run a "
+            "fencepost build that includes that revision; `fencepost migrate` of this build "
+            "cannot downgrade it"
+        )
+
+
+def schema_problem(revision: str | None) -> SchemaOutOfDate | None:
+    """Why a database at `revision` cannot be served by this build, or None."""
+    if revision is None:
+        return SchemaOutOfDate("the database has no fencepost schema; run `fencepost migrate`")
+    if revision not in known_revisions():
+        return SchemaNewerThanBuild(revision)
+    if revision != head_revision():
+        return SchemaOutOfDate(
+            f"the database schema is at {revision}, this build needs {head_revision()}; "
+            "run `fencepost migrate`"
+        )
+    return None
+
+
 async def check_schema(pool) -> None:
     """API and workers refuse to start on a schema that is not at head."""
     try:
         revision = await pool.fetchval("SELECT version_num FROM alembic_version")
     except Exception as exc:  # the table is missing: never migrated
         raise SchemaOutOfDate("the database has no fencepost schema; run `fencepost migrate`") from exc
-    if revision != head_revision():
-        raise SchemaOutOfDate(
-            f"the database schema is at {revision}, this build needs {head_revision()}; "
-            "run `fencepost migrate`"
-        )
+    problem = schema_problem(revision)
+    if problem is not None:
+        raise problem

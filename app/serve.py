@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import logging
+import socket
 import sys
 
 from app import tracing
 from app.logs import FORMATS, configure_logging
-from app.settings import Settings
+from app.settings import ConfigurationError, Settings
 
 
 def configure_api(p: argparse.ArgumentParser) -> None:
@@ -51,6 +54,48 @@ def unauthenticated_bind_problem(host: str, settings: Settings, allow: bool | No
             "names clients use in FENCEPOST_ALLOWED_HOSTS")
 
 
+def check_port(flag: str, host: str, port: int, *, zero_means: str | None = None) -> None:
+    """Refuse, as a configuration error, a port outside 0-65535 (the kernel
+    would silently use another) or one another process holds."""
+    lowest = 0 if zero_means else 1
+    if not lowest <= port <= 65535:
+        raise ConfigurationError(
+            f"{flag} {port} is out of range: give a port from {max(lowest, 1)} to 65535"
+            + (f" (0: {zero_means})" if zero_means else ""))
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ConfigurationError(f"cannot bind {host}:{port} ({exc}): give an address of "
+                                 "this machine") from None
+    # A probe bind, closed at once: SO_REUSEADDR as the real listener sets it.
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigurationError(
+                    f"{flag} {port}: port {port} on {host} is in use by another process; "
+                    f"stop it or choose another {flag}") from None
+            raise ConfigurationError(f"{flag} {port}: cannot bind {host}:{port} ({exc})") from None
+
+
+def import_workflows(settings: Settings) -> dict:
+    """The workflows of FENCEPOST_WORKFLOWS; a module that cannot be imported
+    is a configuration error."""
+    from app.registry import load_workflows
+
+    try:
+        return load_workflows(settings.workflow_modules)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"cannot import the workflow modules {','.join(settings.workflow_modules)} "
+            f"(FENCEPOST_WORKFLOWS or --workflows): {exc}; check the module names and that "
+            "they are on PYTHONPATH") from None
+
+
 API_SHUTDOWN_SECONDS = 5
 
 
@@ -71,11 +116,18 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
         # FENCEPOST_ALLOWED_HOSTS lists others). create_app checks only a list
         # it is given, so in-process clients of any name keep working.
         settings = settings.model_copy(update={"allowed_hosts": ",".join(LOOPBACK_HOSTS)})
+    check_port("--port", args.host, args.port)
+    workflows = import_workflows(settings) if settings.workflow_modules else None
     log_level = args.log_level or settings.log_level
     configure_logging(log_level, args.log_format or settings.log_format)
     tracing.configure_from_env("fencepost-api")
     asyncio.run(_preflight(settings))
-    app = create_app(settings)
+    if settings.auth == "disabled":
+        logging.getLogger("fencepost.api").warning(
+            "authentication is disabled (FENCEPOST_AUTH=disabled): every caller acts as "
+            "operator; set FENCEPOST_AUTH=enabled and create tokens with `fencepost tokens "
+            "create` for anything but development")
+    app = create_app(settings, workflows)
     # The head limit is enforced while reading (not only once parsed), and
     # X-Forwarded-Proto/For are trusted from the listed proxies only.
     protocol = guarded_http_protocol(settings.max_header_bytes) or "auto"
@@ -107,12 +159,14 @@ async def _preflight(settings: Settings) -> None:
     first process stores its own)."""
     from app import shared_settings
     from app.db import create_pool
-    from app.migrate import SchemaOutOfDate, check_schema
+    from app.migrate import SchemaNewerThanBuild, SchemaOutOfDate, check_schema
 
     pool = await create_pool(settings, min_size=1, max_size=1)
     try:
         await check_schema(pool)
         await shared_settings.check(pool, settings)
+    except SchemaNewerThanBuild as exc:
+        raise ConfigurationError(str(exc)) from None
     except SchemaOutOfDate as exc:
         raise SystemExit(f"error: {exc}") from None
     except shared_settings.SharedSettingsMismatch as exc:
@@ -138,7 +192,6 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
 
 
 def run_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from app.registry import load_workflows
     from app.worker import Worker
 
     if args.workflows is not None:
@@ -151,7 +204,9 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1:
         print("error: --concurrency must be at least 1", file=sys.stderr)
         return 2
-    workflows = load_workflows(settings.workflow_modules)
+    check_port("--metrics-port", args.metrics_host, args.metrics_port,
+               zero_means="no metrics endpoint")
+    workflows = import_workflows(settings)
     if not workflows:
         print(f"error: modules {settings.workflow_modules} register no workflow", file=sys.stderr)
         return 2
@@ -162,7 +217,12 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
 
         from app.metrics import METRICS
 
-        start_http_server(args.metrics_port, addr=args.metrics_host, registry=METRICS.registry)
+        try:
+            start_http_server(args.metrics_port, addr=args.metrics_host,
+                              registry=METRICS.registry)
+        except OSError as exc:  # taken since the check: still the port, not the database
+            raise ConfigurationError(f"--metrics-port {args.metrics_port}: cannot serve "
+                                     f"metrics on {args.metrics_host} ({exc})") from None
 
     async def main() -> None:
         worker.install_signal_handlers()

@@ -14,6 +14,36 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+class ConfigurationError(Exception):
+    """A setting (environment variable or command-line flag) that cannot work:
+    `fencepost` prints the message as one line and exits 2. The message names
+    the setting and says what to do."""
+
+
+def env_name(field: str) -> str:
+    """The environment variable an operator sets for Settings field `field`."""
+    return "DATABASE_URL" if field == "database_url" else f"FENCEPOST_{field.upper()}"
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why DATABASE_URL cannot be a Postgres URL, or None (judged before any
+    connection, so a typo is not reported as an unreachable server)."""
+    from urllib.parse import urlsplit
+
+    example = "postgresql://user:password@host:5432/dbname"
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
+            return (f"DATABASE_URL must start with postgresql:// (got "
+                    f"{parts.scheme + '://' if parts.scheme else 'no scheme'}); "
+                    f"for example {example}")
+        if "," not in parts.netloc:  # several hosts: libpq's own syntax, left to the driver
+            parts.port  # noqa: B018 - raises ValueError on a port that is not 0-65535
+    except ValueError as exc:
+        return f"DATABASE_URL has an invalid host or port ({exc}); for example {example}"
+    return None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FENCEPOST_", extra="ignore")
 
