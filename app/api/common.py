@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 from pydantic import ValidationError
 
 from app.api.errors import ApiError, not_found
@@ -35,9 +35,42 @@ ERRORS = {
     503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
 }
 INVALID_QUERY = {
-    422: {"model": ErrorBody, "description": "INVALID_REQUEST: a query parameter is malformed "
-          "or out of range"},
+    422: {"model": ErrorBody, "description": "INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
+          "query parameter is malformed or out of range / not one this route takes"},
 }
+UNKNOWN_QUERY = {
+    422: {"model": ErrorBody, "description": "UNKNOWN_QUERY_PARAMETER: a query parameter this "
+          "route does not take"},
+}
+
+def _query_names(dependant) -> set[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+async def _strict_query(request: Request) -> None:
+    """A query parameter the route does not declare is refused, never ignored:
+    a misspelt filter (`blockedby=`) would otherwise return everything."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:
+        return
+    accepted = sorted(_query_names(route.dependant))  # only when a query is sent: cheap
+    for name in request.query_params:
+        if name not in accepted:
+            raise ApiError(
+                422, "UNKNOWN_QUERY_PARAMETER",
+                f"unknown query parameter {name!r}; this route takes "
+                + (", ".join(accepted) if accepted else "no query parameters")
+                + " (names are case-sensitive)",
+                parameter=name,
+            )
+
+
+# On every /v1 router: dependencies=[STRICT_QUERY].
+STRICT_QUERY = Depends(_strict_query)
 
 
 def _inline_defs(schema: dict) -> dict:

@@ -163,8 +163,13 @@ def worker_view(row: dict) -> dict:
     }
 
 
+class ExecutionListItem(ExecutionSummary):
+    outcome: dict[str, Any] | None = Field(
+        None, description="With include=outcome only: the record's outcome (null until terminal).")
+
+
 class ExecutionPage(Camel):
-    executions: list[ExecutionSummary]
+    executions: list[ExecutionListItem]
     next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
 
 

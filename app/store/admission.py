@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from app.blocked import reason_sql
 from app.schema import TERMINAL_STATUSES
 from app.store.types import (
     _TERMINAL_SQL,
@@ -184,6 +185,8 @@ class AdmissionStatements:
         parent_execution_id: str | None = None,
         admitted_after: datetime | None = None,
         admitted_before: datetime | None = None,
+        blocked_by: str | None = None,
+        live_workflows: set[str] | None = None,
     ) -> tuple[list[dict], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
         Filters apply to the healed view, as `get` reports it."""
@@ -192,6 +195,7 @@ class AdmissionStatements:
             min_unacknowledged_deliveries=min_unacknowledged_deliveries, cursor=cursor,
             limit=limit, admitted_by=admitted_by, parent_execution_id=parent_execution_id,
             admitted_after=admitted_after, admitted_before=admitted_before,
+            blocked_by=blocked_by, live_workflows=live_workflows,
         )
         rows = await self.pool.fetch(query, *args)
         page = [dict(r) for r in rows[:limit]]
@@ -213,6 +217,8 @@ class AdmissionStatements:
         parent_execution_id: str | None = None,
         admitted_after: datetime | None = None,
         admitted_before: datetime | None = None,
+        blocked_by: str | None = None,
+        live_workflows: set[str] | None = None,
     ) -> tuple[str, list]:
         """The listing's one statement and its arguments (tests EXPLAIN it).
         Only the filters given appear in it, each a plain predicate over an
@@ -252,6 +258,12 @@ class AdmissionStatements:
             # expired lease and applies the deadline sweep), then the healed filter.
             inner.append(_RAW_STATUSES_FOR.get(status, "status = {p}").format(p=arg(status)))
             outer.append(f"r.status = ${len(args)}")
+        if blocked_by is not None:
+            # app/blocked.py's one rule, in SQL, over the healed record (a raw
+            # terminal row stays terminal: no reason but none).
+            inner.append(f"status NOT IN {_TERMINAL_SQL}")
+            live = arg(sorted(live_workflows) if live_workflows is not None else None)
+            outer.append(f"{reason_sql('r', f'{live}::text[]')} = {arg(blocked_by)}")
         where_inner = " AND ".join(inner) or "true"
         where_outer = " AND ".join(outer) or "true"
         query = f"""

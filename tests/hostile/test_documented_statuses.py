@@ -130,6 +130,7 @@ def probes(s: Seeded) -> list[Probe]:
         P("GET", ex, 401, "UNAUTHENTICATED", None),
         P("GET", ex, 422, "INVALID_REQUEST", "read", kw={"params": {"limit": 0}}),
         P("GET", ex, 422, "INVALID_CURSOR", "read", kw={"params": {"cursor": "bm90IGEgY3Vyc29y"}}),
+        P("GET", ex, 422, "UNKNOWN_QUERY_PARAMETER", "read", kw={"params": {"blockedby": "due"}}),
         # One execution and its history
         P("GET", one, 200, None, "read", pending),
         P("GET", one, 401, "UNAUTHENTICATED", None, pending),
@@ -147,6 +148,8 @@ def probes(s: Seeded) -> list[Probe]:
         if bad_query:
             out.append(P("GET", one + tail, 422, "INVALID_REQUEST", "read", history,
                          kw={"params": bad_query}))
+        out.append(P("GET", one + tail, 422, "UNKNOWN_QUERY_PARAMETER", "read", history,
+                     kw={"params": {"nope": "1"}}))
     out.append(P("GET", one + "/steps", 422, "INVALID_CURSOR", "read",
                  {"execution_id": s.with_history}, kw={"params": {"cursor": "bm90IGEgY3Vyc29y"}}))
 
@@ -252,6 +255,8 @@ def probes(s: Seeded) -> list[Probe]:
         P("GET", "/v1/workers", 200, None, "read"),
         P("GET", "/v1/workers", 401, "UNAUTHENTICATED", None),
         P("GET", "/v1/workers", 403, "FORBIDDEN", "trigger"),
+        P("GET", "/v1/workers", 422, "UNKNOWN_QUERY_PARAMETER", "read",
+          kw={"params": {"alive": "true"}}),
         P("GET", "/metrics", 200, None, "read"),
         P("GET", "/metrics", 401, "UNAUTHENTICATED", None),
         P("GET", "/metrics", 403, "FORBIDDEN", "trigger"),
@@ -298,6 +303,7 @@ def schedule_probes() -> list[Probe]:
         P("GET", sch, 401, "UNAUTHENTICATED", None),
         P("GET", sch, 403, "FORBIDDEN", "trigger"),
         P("GET", sch, 422, "INVALID_REQUEST", "read", kw={"params": {"limit": 0}}),
+        P("GET", sch, 422, "UNKNOWN_QUERY_PARAMETER", "read", kw={"params": {"nope": "1"}}),
     ]
     for path in (one, events):
         out += [
@@ -308,6 +314,8 @@ def schedule_probes() -> list[Probe]:
         ]
     out.append(P("GET", events, 422, "INVALID_REQUEST", "read", nightly,
                  kw={"params": {"limit": 0}}))
+    out.append(P("GET", events, 422, "UNKNOWN_QUERY_PARAMETER", "read", nightly,
+                 kw={"params": {"nope": "1"}}))
     for path in (pause, resume):
         out += [
             P("POST", path, 200, None, "operate", nightly),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from enum import Enum
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -15,6 +16,7 @@ from app.api.common import (
     _UNSTORABLE_TEXT,
     ERRORS,
     FORBIDDEN,
+    STRICT_QUERY,
     UNAUTHENTICATED,
     _body_schema,
     _check_path_id,
@@ -45,9 +47,12 @@ from app.api.models import (
 )
 from app.api.quotas import RATE_LIMITED, AdmissionQuota
 from app.api.waiters import wait_or_gone
+from app.blocked import REASONS
 from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
 from app.store.admission import Existing
+
+BlockedReason = Enum("BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
@@ -187,9 +192,13 @@ def _view(principal, row: dict, live: set[str]) -> dict:
 @router.get(
     "",
     response_model=ExecutionPage,
+    # Unset: an item's outcome, present only with include=outcome.
+    response_model_exclude_unset=True,
     summary="List executions, newest first (keyset pagination)",
-    responses={422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_CURSOR"},
+    responses={422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_CURSOR / "
+                     "UNKNOWN_QUERY_PARAMETER"},
                503: ERRORS[503]},
+    dependencies=[STRICT_QUERY],
 )
 async def list_executions(
     store: StoreDep,
@@ -209,6 +218,10 @@ async def list_executions(
     admitted_before: Annotated[datetime | None, Query(
         alias="admittedBefore", description="only executions admitted before this time "
         "(with a time zone offset)")] = None,
+    blocked_by: Annotated[BlockedReason | None, Query(
+        alias="blockedBy", description="only executions whose blockedBy.reason is this")] = None,
+    include: Annotated[Literal["outcome"] | None, Query(
+        description="outcome: add each item's outcome (null until terminal)")] = None,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ):
@@ -238,7 +251,12 @@ async def list_executions(
                 422, "INVALID_CURSOR",
                 "cursor is not one this server issued; pass nextCursor from the previous page",
             ) from None
+    # With blockedBy, the live workflows are read first: the filter and each
+    # item's blockedBy then answer from the same set (due vs no-worker).
+    live = (await store.live_workflow_ids(3 * settings.renew_seconds + 1)
+            if blocked_by is not None else None)
     rows, next_cursor = await store.list(
+        blocked_by=blocked_by.value if blocked_by is not None else None, live_workflows=live,
         status=status,
         workflow_id=workflow_id,
         min_unacknowledged_deliveries=min_unacknowledged_deliveries,
@@ -250,8 +268,13 @@ async def list_executions(
         admitted_after=admitted_after,
         admitted_before=admitted_before,
     )
-    live = await live_workflows(store, settings, rows)
-    return {"executions": [summary(r, live) for r in rows], "nextCursor": next_cursor}
+    if live is None:
+        live = await live_workflows(store, settings, rows)
+    items = [summary(r, live) for r in rows]
+    if include == "outcome":
+        for item, row in zip(items, rows, strict=True):
+            item["outcome"] = outcome_for(principal, row["outcome"])
+    return {"executions": items, "nextCursor": next_cursor}
 
 
 @router.get(

@@ -17,7 +17,9 @@ from app.api.common import (
     ERRORS,
     FORBIDDEN,
     INVALID_QUERY,
+    STRICT_QUERY,
     UNAUTHENTICATED,
+    UNKNOWN_QUERY,
     _check_path_id,
     detail_for,
     error_for,
@@ -55,7 +57,7 @@ class LateObservationList(BaseModel):
 
 @router.get("/v1/executions/{execution_id}/events", response_model=EventPage,
             summary="The append-only history, oldest first",
-            responses={**NOT_FOUND, **INVALID_QUERY})
+            responses={**NOT_FOUND, **INVALID_QUERY}, dependencies=[STRICT_QUERY])
 async def events(
     execution_id: str,
     store: StoreDep,
@@ -103,7 +105,9 @@ def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
             "steps a redrive superseded (keyset pagination)",
             responses={**NOT_FOUND,
                        422: {"model": ErrorBody,
-                             "description": "INVALID_REQUEST / INVALID_CURSOR"}})
+                             "description": "INVALID_REQUEST / INVALID_CURSOR / "
+                             "UNKNOWN_QUERY_PARAMETER"}},
+            dependencies=[STRICT_QUERY])
 async def steps(
     execution_id: str,
     store: StoreDep,
@@ -145,7 +149,7 @@ async def steps(
 @router.get("/v1/executions/{execution_id}/late-observations",
             response_model=LateObservationList,
             summary="What stale holders observed after their lease was lost (evidence only)",
-            responses={**NOT_FOUND, **INVALID_QUERY})
+            responses={**NOT_FOUND, **INVALID_QUERY}, dependencies=[STRICT_QUERY])
 async def late_observations(
     execution_id: str,
     store: StoreDep,
@@ -171,7 +175,8 @@ async def late_observations(
 
 @router.get("/v1/workers", response_model=WorkerList,
             summary="Live workers and those stopped or silent within the last hour",
-            responses={**FORBIDDEN, 503: ERRORS[503]})
+            responses={**FORBIDDEN, **UNKNOWN_QUERY, 503: ERRORS[503]},
+            dependencies=[STRICT_QUERY])
 async def workers(store: StoreDep, settings: SettingsDep, _: StrictReader):
     rows = await store.list_workers(stale_after_seconds=3 * settings.renew_seconds + 1)
     return {"workers": [worker_view(r) for r in rows]}

@@ -17,7 +17,15 @@ from pydantic.alias_generators import to_camel
 
 from app import cron
 from app.api.auth import Operator, StrictReader, actor
-from app.api.common import AUTH_ERRORS, ERRORS, _body_schema, _invalid, _json, registered_workflow
+from app.api.common import (
+    AUTH_ERRORS,
+    ERRORS,
+    STRICT_QUERY,
+    _body_schema,
+    _invalid,
+    _json,
+    registered_workflow,
+)
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
 from app.api.models import ID_PATTERN, ErrorBody
@@ -29,8 +37,8 @@ router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=AUTH_ER
 SCHEDULE_ID_PATTERN = SCHEDULE_ID_RE.pattern
 NOT_FOUND = {404: {"model": ErrorBody, "description": "SCHEDULE_NOT_FOUND"}, 503: ERRORS[503]}
 INVALID_QUERY = {
-    422: {"model": ErrorBody, "description": "INVALID_REQUEST: a query parameter is malformed "
-          "or out of range"},
+    422: {"model": ErrorBody, "description": "INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
+          "query parameter is malformed or out of range / not one this route takes"},
 }
 
 
@@ -196,6 +204,7 @@ async def create_schedule(request: Request, response: Response, store: StoreDep,
     response_model=ScheduleList,
     summary="List schedules, by schedule ID",
     responses={**INVALID_QUERY, 503: ERRORS[503]},
+    dependencies=[STRICT_QUERY],
 )
 async def list_schedules(
     store: StoreDep,
@@ -229,6 +238,7 @@ async def get_schedule(schedule_id: str, store: StoreDep, principal: StrictReade
     response_model=ScheduleEventList,
     summary="The schedule's newest events (created, fired, slots skipped, paused, resumed)",
     responses={**NOT_FOUND, **INVALID_QUERY},
+    dependencies=[STRICT_QUERY],
 )
 async def schedule_events(
     schedule_id: str,
