@@ -49,7 +49,7 @@ from app.sdk import (
     keep_late_observation,
     value_problem,
 )
-from app.settings import Settings
+from app.settings import ConfigurationError, Settings
 from app.store import (
     NOTIFY_CHANNEL,
     Delivery,
@@ -180,10 +180,7 @@ class Worker:
             except SchemaOutOfDate as exc:
                 raise SystemExit(f"error: {exc}") from None
             self.store = ExecutionStore.from_settings(pool, s)
-            await self.store.register_worker(
-                self.worker_id, host=socket.gethostname(), pid=os.getpid(),
-                workflows=sorted(self.workflows), concurrency=self.concurrency,
-            )
+            await self._register()
             self.log.info("worker %s started: %s, concurrency %d", self.worker_id,
                      ", ".join(sorted(self.workflows)), self.concurrency)
             side = [
@@ -213,6 +210,23 @@ class Worker:
             if control_pool is not None:
                 await control_pool.close()
             await pool.close()
+
+    async def _register(self) -> None:
+        """Take this worker's ID, unless another live worker holds it (two
+        processes under one ID would renew, and report, each other's work).
+        A holder on this host whose process is gone is dead: its ID is free."""
+        me = {"host": socket.gethostname(), "pid": os.getpid(),
+              "workflows": sorted(self.workflows), "concurrency": self.concurrency}
+        holder = await self.store.register_worker(
+            self.worker_id, **me, live_within_seconds=3 * self.settings.renew_seconds + 1)
+        if holder is not None and holder["host"] == me["host"] and not _pid_alive(holder["pid"]):
+            holder = await self.store.register_worker(self.worker_id, **me)
+        if holder is not None:
+            raise ConfigurationError(
+                f"worker ID {self.worker_id!r} is already held by a live worker (host "
+                f"{holder['host']}, pid {holder['pid']}, last heartbeat "
+                f"{holder['heartbeat_at'].isoformat()}): give this worker another --worker-id, "
+                "or stop that one first")
 
     async def _watch(self, side: list[asyncio.Task]) -> None:
         """Return when the claimer stops; a side task that dies stops the worker loudly."""
@@ -641,3 +655,14 @@ class Worker:
                 self.log.warning("%s failed (%s); retrying in %.2fs", type(service).__name__, exc,
                                  delay)
                 await asyncio.sleep(delay)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (signal 0 checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True

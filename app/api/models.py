@@ -144,7 +144,13 @@ class WorkerView(Camel):
     pid: int
     workflows: list[str]
     concurrency: int
-    started_at: datetime
+    capacity: int = Field(description="Most deliveries it runs at once (its --concurrency).")
+    leases_held: int = Field(description="Executions it holds an unexpired lease on.")
+    in_flight: int = Field(description="Deliveries it started that have not ended, as the "
+                           "database sees them (leases held, and expired ones not yet taken "
+                           "over).")
+    started_at: datetime = Field(description="When this process (the latest under this ID) "
+                                 "registered.")
     heartbeat_at: datetime
     stopped_at: datetime | None
     alive: bool
@@ -158,6 +164,8 @@ def worker_view(row: dict) -> dict:
     return {
         "workerId": row["worker_id"], "host": row["host"], "pid": row["pid"],
         "workflows": row["workflows"], "concurrency": row["concurrency"],
+        "capacity": row["concurrency"], "leasesHeld": row["leases_held"],
+        "inFlight": row["in_flight"],
         "startedAt": row["started_at"], "heartbeatAt": row["heartbeat_at"],
         "stoppedAt": row["stopped_at"], "alive": row["alive"],
     }

@@ -14,22 +14,38 @@ class WorkerStatements:
     max_unacknowledged: int
 
     async def register_worker(
-        self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int
-    ) -> None:
-        await self.pool.execute(
+        self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int,
+        live_within_seconds: float | None = None,
+    ) -> dict | None:
+        """Register (or re-register) `worker_id`, starting now. With
+        `live_within_seconds`, an ID another live worker holds (not stopped,
+        heartbeat within that long, another host or pid) is not taken: its
+        holder's row is returned, unchanged; None when registered."""
+        registered = await self.pool.fetchval(
             """
             INSERT INTO workers (worker_id, host, pid, workflows, concurrency)
             VALUES ($1, $2, $3, $4, $5)
             ON CONFLICT (worker_id) DO UPDATE
             SET host = excluded.host, pid = excluded.pid, workflows = excluded.workflows,
-                concurrency = excluded.concurrency, heartbeat_at = now(), stopped_at = NULL
+                concurrency = excluded.concurrency, started_at = now(), heartbeat_at = now(),
+                stopped_at = NULL
+            WHERE $6::float8 IS NULL OR workers.stopped_at IS NOT NULL
+               OR workers.heartbeat_at <= now() - make_interval(secs => $6::float8)
+               OR (workers.host = excluded.host AND workers.pid = excluded.pid)
+            RETURNING true
             """,
             worker_id,
             host,
             pid,
             workflows,
             concurrency,
+            live_within_seconds,
         )
+        if registered:
+            return None
+        holder = await self.pool.fetchrow(
+            "SELECT host, pid, heartbeat_at FROM workers WHERE worker_id = $1", worker_id)
+        return dict(holder) if holder is not None else None
 
     async def heartbeat(self, worker_id: str) -> None:
         await self.pool.execute(
@@ -47,13 +63,21 @@ class WorkerStatements:
         and those that stopped or went silent within `recent_seconds`."""
         rows = await self.pool.fetch(
             """
-            SELECT worker_id, host, pid, workflows, concurrency, started_at, heartbeat_at,
-                   stopped_at,
-                   (stopped_at IS NULL
-                    AND heartbeat_at > now() - make_interval(secs => $1)) AS alive
-            FROM workers
-            WHERE heartbeat_at > now() - make_interval(secs => $2)
-            ORDER BY started_at DESC
+            SELECT w.worker_id, w.host, w.pid, w.workflows, w.concurrency, w.started_at,
+                   w.heartbeat_at, w.stopped_at,
+                   (w.stopped_at IS NULL
+                    AND w.heartbeat_at > now() - make_interval(secs => $1)) AS alive,
+                   coalesce(l.held, 0) AS leases_held, coalesce(l.in_flight, 0) AS in_flight
+            FROM workers w
+            LEFT JOIN (
+                -- Deliveries the database sees each worker running: all its
+                -- running rows (in flight), those whose lease is unexpired (held).
+                SELECT lease_owner, count(*) AS in_flight,
+                       count(*) FILTER (WHERE lease_expires_at > now()) AS held
+                FROM executions WHERE status = 'running' GROUP BY lease_owner
+            ) l ON l.lease_owner = w.worker_id
+            WHERE w.heartbeat_at > now() - make_interval(secs => $2)
+            ORDER BY w.started_at DESC
             """,
             float(stale_after_seconds),
             float(recent_seconds),
