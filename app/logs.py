@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
 
 FORMATS = ("json", "console")
+
+# The request being answered (app/api/request_ids.py): every line logged
+# while answering it carries `request_id`.
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+
+def _add_request_id(_, __, event_dict: dict) -> dict:
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        event_dict.setdefault("request_id", request_id)
+    return event_dict
 
 
 def _drop_color_message(_, __, event_dict: dict) -> dict:
@@ -33,6 +45,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.stdlib.ExtraAdder(),
+        _add_request_id,
         _drop_color_message,
         structlog.processors.format_exc_info,
     ]
@@ -56,3 +69,15 @@ class Fields(logging.LoggerAdapter):
     def process(self, msg, kwargs):
         kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
         return msg, kwargs
+
+
+_audit = logging.getLogger("fencepost.audit")
+
+
+def operator_action(action: str, *, by: str, result: str | None, **target: Any) -> None:
+    """One line per operator action: who did what to which execution or
+    schedule, and what came of it (never the values it carried)."""
+    what = ", ".join(f"{k} {v}" for k, v in target.items())
+    _audit.info("operator action: %s %s by %s: %s", action, what, by, result,
+                extra={"kind": "operator_action", "action": action, "by": by,
+                       "result": result, **target})

@@ -1,46 +1,81 @@
-"""Prometheus metrics, kept at their own levels:
+"""Prometheus metrics: one metric per question on-call asks (README, "Metrics").
 
-* lease churn (claims, renewals, lease expiries, leases lost),
-* fencing (fenced writes rejected),
-* delivery health (unacknowledged deliveries, delivery outcomes, durations),
-* evidence (late observations of stale holders, integrity conflicts among them),
-* operator attention (executions waiting for a decision on an outcome-unknown
-  step, parked executions, executions with integrity conflicts),
-* queue (executions by status, oldest due age).
+Counters and histograms live in each process's registry (`METRICS`): the
+worker serves them on `fencepost worker --metrics-port`, the API with its
+`/metrics`. Each is counted where the event is written, once: a lease
+takeover by the claim or the reaper that ends it, a terminal transition by
+the worker, the reaper or the API that writes it. Labelled counters are
+created at zero for every value their labels can take (rate() sees the first
+event after a restart), and no `_created` series are exported.
 
-Worker-side counters live in this process's registry and are served on
-`fencepost worker --metrics-port`. Database-wide gauges are read when the
-API's `/metrics` is scraped, over unfinished rows, each counted as reads
-report it (the healed view: an expired lease as the reaper will leave it).
+Database-wide gauges are read when the API's `/metrics` is scraped, over
+unfinished rows, each counted as reads report it (the healed view: an
+expired lease as the reaper will leave it), `waiting_executions` by
+app/blocked.py's one rule. When the database does not answer,
+`fencepost_database_up` is 0 and the process metrics are still served.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import time
+from collections.abc import Iterable
+
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
-from app.store import ExecutionStore
+from app.blocked import REASONS
+from app.version import VERSION
+
+disable_created_metrics()  # no `_created` twin for any counter or histogram
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 86400)
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+# How a delivery ended, as the worker's `_finish` names it.
+DELIVERY_OUTCOMES = ("completed", "failed", "suspended", "cancelled", "timed_out", "retry",
+                     "park", "stopped")
+TERMINAL = ("completed", "failed", "cancelled", "timed_out")
+PARK_REASONS = ("poison", "outcome_unknown")
+TAKEOVER_BY = ("claim", "reaper")
+MAINTENANCE_TASKS = ("reaper", "retention", "scheduler")
+WAITING_REASONS = tuple(r for r in REASONS if r != "none")
 
 
 class ProcessMetrics:
-    """Counters of one worker process."""
+    """Counters, histograms and gauges of one process (API or worker)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.claims = Counter("fencepost_claims", "Leases taken by claim_due.", registry=r)
+        r.register(PROCESS_COLLECTOR)
+        r.register(PLATFORM_COLLECTOR)
+        Gauge("fencepost_build_info", "This build: always 1, labelled with the version.",
+              ["version"], registry=r).labels(VERSION).set(1)
+        # -- lease churn
+        self.claims = Counter("fencepost_claims", "Leases taken by claim_due.", ["workflow"],
+                              registry=r)
         self.renewals = Counter("fencepost_renewals", "Leases renewed.", registry=r)
         self.leases_lost = Counter(
             "fencepost_leases_lost", "Leases found lost (renewal or fenced write).", registry=r
         )
-        self.lease_expiries = Counter(
-            "fencepost_lease_expiries",
-            "Leases that expired unacknowledged, ended by this process: by its reaper, or "
-            "taken over by one of its claims (claim_due on an expired lease).",
-            registry=r,
+        self.lease_takeovers = Counter(
+            "fencepost_lease_takeovers",
+            "Leases that expired unacknowledged (a crashed or paused holder) and were ended: "
+            "taken over by a claim (by=claim) or ended by the reaper (by=reaper). Each "
+            "expired lease is ended once, by one of them, so each counts once.",
+            ["by"], registry=r,
         )
+        # -- fencing and evidence
         self.fenced_writes_rejected = Counter(
             "fencepost_fenced_writes_rejected",
             "Step writes and acknowledgements refused because the token was stale.", registry=r,
@@ -59,23 +94,121 @@ class ProcessMetrics:
             "Late observations that differ from what was recorded for the same step or "
             "outcome (an integrity conflict; the recorded value stands).", registry=r,
         )
+        # -- deliveries
         self.deliveries = Counter(
-            "fencepost_deliveries", "Deliveries by how they ended.", ["outcome"], registry=r
+            "fencepost_deliveries", "Deliveries by how they ended (the worker's report).",
+            ["workflow", "outcome"], registry=r,
         )
         self.delivery_seconds = Histogram(
-            "fencepost_delivery_duration_seconds", "Claim to end of delivery.",
+            "fencepost_delivery_duration_seconds", "Claim to end of delivery.", ["workflow"],
             buckets=DURATION_BUCKETS, registry=r,
         )
         self.step_seconds = Histogram(
             "fencepost_step_duration_seconds", "Step function run time (all attempts).",
             buckets=DURATION_BUCKETS, registry=r,
         )
+        self.first_claim_seconds = Histogram(
+            "fencepost_admission_to_first_claim_seconds",
+            "Admission to the first claim of an execution (database clock).", ["workflow"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.end_to_end_seconds = Histogram(
+            "fencepost_end_to_end_duration_seconds",
+            "Admission to the terminal acknowledgement written by a worker (database clock).",
+            ["workflow"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        # -- terminal transitions, whoever writes them
+        self.terminal = Counter(
+            "fencepost_terminal_transitions",
+            "Executions that ended, by status, counted by the process that wrote the end "
+            "(worker acknowledgement, reaper, deadline sweep, API cancel).",
+            ["status"], registry=r,
+        )
+        self.parks = Counter(
+            "fencepost_parks", "Executions parked for an operator, by reason.", ["reason"],
+            registry=r,
+        )
+        # -- worker capacity
+        self.in_flight = Gauge("fencepost_worker_in_flight_deliveries",
+                               "Deliveries this worker is running now.", registry=r)
+        self.capacity = Gauge("fencepost_worker_capacity",
+                              "Most deliveries this worker runs at once (--concurrency).",
+                              registry=r)
+        # -- maintenance
+        self.schedule_slots = Counter(
+            "fencepost_schedule_slots", "Schedule slots admitted (fired) or skipped (missed "
+            "beyond the catch-up bound).", ["result"], registry=r,
+        )
+        self.pruned = Counter("fencepost_retention_pruned_executions",
+                              "Terminal executions deleted by retention.", registry=r)
+        self.maintenance_success = Gauge(
+            "fencepost_maintenance_last_success_timestamp_seconds",
+            "Unix time of the last pass of each maintenance task that finished without error.",
+            ["task"], registry=r,
+        )
+        # -- HTTP (API)
+        self.http_requests = Counter(
+            "fencepost_http_requests", "HTTP requests answered, by route template, method and "
+            "status.", ["route", "method", "status"], registry=r,
+        )
+        self.http_seconds = Histogram(
+            "fencepost_http_request_duration_seconds", "Time to answer, by route template and "
+            "method.", ["route", "method"], buckets=HTTP_BUCKETS, registry=r,
+        )
+        for by in TAKEOVER_BY:
+            self.lease_takeovers.labels(by)
+        for status in TERMINAL:
+            self.terminal.labels(status)
+        for reason in PARK_REASONS:
+            self.parks.labels(reason)
+        for result in ("fired", "skipped"):
+            self.schedule_slots.labels(result)
+
+    # -- pre-initialisation of the labels only the caller knows
+
+    def init_workflows(self, workflows: Iterable[str]) -> None:
+        for wf in workflows:
+            self.claims.labels(wf)
+            self.delivery_seconds.labels(wf)
+            self.first_claim_seconds.labels(wf)
+            self.end_to_end_seconds.labels(wf)
+            for outcome in DELIVERY_OUTCOMES:
+                self.deliveries.labels(wf, outcome)
+
+    def init_route(self, route: str, method: str, statuses: Iterable[int | str]) -> None:
+        self.http_seconds.labels(route, method)
+        for status in statuses:
+            self.http_requests.labels(route, method, str(status))
+
+    # -- events counted in one place each
+
+    def ended(self, statuses: Iterable[str], park_reason: str = "poison") -> None:
+        """Executions a committed write just moved to `statuses` (terminal, or
+        parked for `park_reason`); called by the store once per write."""
+        for status in statuses:
+            if status in TERMINAL:
+                self.terminal.labels(status).inc()
+            elif status == "parked":
+                self.parks.labels(park_reason).inc()
+
+    def claimed(self, rows: Iterable) -> None:
+        """A committed claim's rows (workflow_id, how, token, since_admitted)."""
+        for row in rows:
+            self.claims.labels(row["workflow_id"]).inc()
+            if row["how"] == "expired":
+                self.lease_takeovers.labels("claim").inc()
+            if row["token"] == 1:
+                self.first_claim_seconds.labels(row["workflow_id"]).observe(
+                    max(0.0, float(row["since_admitted"])))
+
+    def maintained(self, task: str) -> None:
+        self.maintenance_success.labels(task).set(time.time())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-# One per process: the worker's dispatcher and the SDK count into it.
+# One per process: the worker's dispatcher, the SDK, the reaper and the API count into it.
 METRICS = ProcessMetrics()
 
 
@@ -87,9 +220,13 @@ class _Snapshot:
         return self.families
 
 
-async def render_database_metrics(store: ExecutionStore) -> bytes:
-    """Gauges read from the database at scrape time."""
-    snap = await store.metrics_snapshot()
+def database_families(snap: dict | None) -> list:
+    """Gauges read from the database at scrape time; `snap` None: it did not answer."""
+    up = GaugeMetricFamily("fencepost_database_up",
+                           "1 when this scrape's database read succeeded, else 0.",
+                           value=0 if snap is None else 1)
+    if snap is None:
+        return [up]
     by_status = GaugeMetricFamily(
         "fencepost_executions", "Unfinished executions by status.", labels=["status"]
     )
@@ -98,11 +235,30 @@ async def render_database_metrics(store: ExecutionStore) -> bytes:
     parked = GaugeMetricFamily(
         "fencepost_parked_executions", "Parked executions by reason.", labels=["reason"]
     )
-    for reason in ("outcome_unknown", "poison"):
+    for reason in PARK_REASONS:
         parked.add_metric([reason], snap["parked"].get(reason, 0))
-    families = [
+    waiting = GaugeMetricFamily(
+        "fencepost_waiting_executions",
+        "Unfinished executions by why they are not moving (blockedBy.reason, the API's rule) "
+        "and workflow; every reason of every workflow present, 0 included.",
+        labels=["reason", "workflow"])
+    counts = snap["waiting"]
+    for wf in sorted({wf for _, wf in counts} | set(snap.get("workflows", ()))):
+        for reason in WAITING_REASONS:
+            waiting.add_metric([reason, wf], counts.get((reason, wf), 0))
+    oldest_by_reason = GaugeMetricFamily(
+        "fencepost_oldest_waiting_age_seconds",
+        "Per blockedBy reason, how long the longest-waiting execution has been in it (since "
+        "due for due and no-worker, since its last change otherwise); 0 when none.",
+        labels=["reason"])
+    for reason in WAITING_REASONS:
+        oldest_by_reason.add_metric([reason], snap["oldest_by_reason"].get(reason, 0.0))
+    return [
+        up,
         by_status,
         parked,
+        waiting,
+        oldest_by_reason,
         GaugeMetricFamily("fencepost_outcome_unknown_steps",
                           "Steps whose outcome is unknown in executions parked awaiting an "
                           "operator's decision (one per execution); resolved or ended "
@@ -119,9 +275,22 @@ async def render_database_metrics(store: ExecutionStore) -> bytes:
                           "Sum of unacknowledgedDeliveries over unfinished executions.",
                           value=snap["unacknowledged_sum"]),
         GaugeMetricFamily("fencepost_oldest_due_age_seconds",
-                          "How long the longest-waiting due execution has waited.",
-                          value=snap["oldest_due_age"]),
+                          "How long the longest-waiting execution that is due and waits for a "
+                          "worker (blockedBy due or no-worker) has waited; executions in a "
+                          "redelivery delay, sleeping or waiting do not count.",
+                          value=max(snap["oldest_by_reason"].get("due", 0.0),
+                                    snap["oldest_by_reason"].get("no-worker", 0.0))),
+        GaugeMetricFamily("fencepost_live_workers",
+                          "Workers that heartbeated recently and have not stopped.",
+                          value=snap["live_workers"]),
+        GaugeMetricFamily("fencepost_live_worker_capacity",
+                          "Sum of the live workers' concurrency.",
+                          value=snap["live_capacity"]),
     ]
+
+
+def render_with_database(snap: dict | None) -> bytes:
+    """This process's metrics and the database gauges, as one exposition."""
     registry = CollectorRegistry()
-    registry.register(_Snapshot(families))
-    return generate_latest(registry)
+    registry.register(_Snapshot(database_families(snap)))
+    return METRICS.render() + generate_latest(registry)

@@ -8,9 +8,9 @@ Claims take over expired leases on their own, so the reaper exists to make
 the record say so promptly when no worker is claiming. Reads never wait for
 it: app/store/types.py's record_columns reports every record as `run_once`
 will leave it (same rules, same outcomes), so the API, the dashboard and the
-metrics agree before and after it runs. `fencepost_lease_expiries_total`
-counts the leases it ends and those a claim takes over (the worker counts
-those from `Delivery.taken_over`).
+metrics agree before and after it runs. `fencepost_lease_takeovers_total`
+counts the leases it ends (by="reaper") and those a claim takes over
+(by="claim"), each where the store writes it.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ class LeaseReaper:
         cleanup to run (see ExecutionStore.sweep_interrupted)."""
         ids: list[str] = []
         while True:
-            result = await self.store.reap_expired(self.batch)
-            METRICS.lease_expiries.inc(result.expired)
+            result = await self.store.reap_expired(self.batch)  # counts its takeovers
             ids.extend(result.execution_ids)
             if result.expired < self.batch:
                 break
         while len(await self.store.sweep_interrupted(self.batch)) == self.batch:
             pass
+        METRICS.maintained("reaper")
         return ReapResult(len(ids), ids)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.metrics import METRICS
 from app.store import ExecutionStore
 
 log = logging.getLogger("fencepost.retention")
@@ -30,8 +31,10 @@ class RetentionPruner:
         total = 0
         while True:
             n = await self.store.prune_terminal(self.retention_seconds, self.batch)
+            METRICS.pruned.inc(n)
             total += n
             if n < self.batch:
+                METRICS.maintained("retention")
                 return total
 
     async def run(self, stop: asyncio.Event) -> None:

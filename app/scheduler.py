@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from app import cron
 from app.dberrors import INFRASTRUCTURE_ERRORS
+from app.metrics import METRICS
 from app.registry import WorkflowDefinition
 from app.store import Admitted, ExecutionStore
 
@@ -182,6 +183,7 @@ class Scheduler:
                 if isinstance(answer, Admitted):
                     result.admitted.append(execution_id)
                     await self.store.record_schedule_fired(schedule_id, execution_id, slot)
+                    METRICS.schedule_slots.labels("fired").inc()
                     log.info("schedule %s fired slot %s as %s", schedule_id, _iso(slot),
                              execution_id)
                 else:
@@ -193,6 +195,7 @@ class Scheduler:
             detail = None
             if skipped:
                 result.skipped += skipped
+                METRICS.schedule_slots.labels("skipped").inc(skipped)
                 detail = {
                     "catchUp": catch_up,
                     "after": _iso(s["last_slot"]),
@@ -216,6 +219,7 @@ class Scheduler:
         await self.sync_code_schedules()
         while not stop.is_set():
             await self.run_once()
+            METRICS.maintained("scheduler")
             if self.retention_seconds and time.monotonic() >= self._next_prune:
                 await self.prune_events()
                 self._next_prune = time.monotonic() + self.prune_every_seconds

@@ -15,6 +15,7 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import random
 import time
 import traceback
@@ -38,6 +39,8 @@ from app.store import (
     TransactionFailed,
 )
 from app.store.signals import signal_function_name
+
+log = logging.getLogger("fencepost.sdk")
 
 __all__ = [
     "workflow",
@@ -846,6 +849,11 @@ class WorkflowContext:
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
             METRICS.leases_lost.inc()
+            log.warning("write of step %r of %s (token %d) rejected: a newer token holds it",
+                        key, self._lease.execution_id, self._lease.token,
+                        extra={"kind": "fenced_write_rejected", "write": f"step {key}",
+                               "execution_id": self._lease.execution_id,
+                               "token": self._lease.token})
             self.stop(f"lease lost at step {key!r}", lease_lost=True)
             await keep_late_observation(self._store, self._lease, key, value, error,
                                         observed=observed)

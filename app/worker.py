@@ -72,6 +72,7 @@ CLAIM_BATCH_SECONDS = 0.003
 class Running:
     lease: Lease
     task: asyncio.Task
+    workflow_id: str = ""
     lost: bool = False
     ctx: WorkflowContext | None = None
     # "cancel" / "deadline": the worker stopped the delivery because its code
@@ -136,6 +137,8 @@ class Worker:
         self._maybe_more_due = False
         self._signals = 0
         self.log = Fields(log, {"worker_id": self.worker_id})
+        METRICS.init_workflows(workflows)
+        METRICS.capacity.set(concurrency)
 
     # ----------------------------------------------------------------- control
 
@@ -298,8 +301,6 @@ class Worker:
                     self.log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._sleep(delay)
                     continue
-                METRICS.claims.inc(len(deliveries))
-                METRICS.lease_expiries.inc(sum(d.taken_over for d in deliveries))
                 steps = await self._prefetch_steps(deliveries)
                 for delivery in deliveries:
                     self._start(delivery, steps.get(delivery.lease.execution_id))
@@ -353,17 +354,20 @@ class Worker:
             self._lose(stale)
         task = asyncio.create_task(self._traced(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
-        running = self._running[eid] = Running(delivery.lease, task)
+        running = self._running[eid] = Running(delivery.lease, task, delivery.workflow_id)
+        METRICS.in_flight.set(len(self._running))
         if delivery.interrupt is not None and delivery.cleanup_ends is not None:
             # A cleanup delivery: bounded by its window from the start.
             self._bound(running, Interrupt(
                 delivery.interrupt, (delivery.cleanup_ends - delivery.claimed_at).total_seconds()))
 
         def finished(_: asyncio.Task) -> None:
-            METRICS.delivery_seconds.observe(time.perf_counter() - started)
+            METRICS.delivery_seconds.labels(delivery.workflow_id).observe(
+                time.perf_counter() - started)
             current = self._running.get(eid)
             if current is not None and current.task is task:
                 del self._running[eid]
+                METRICS.in_flight.set(len(self._running))
                 if current.enforcing is not None:
                     current.enforcing.cancel()
             if self._maybe_more_due:
@@ -477,8 +481,30 @@ class Worker:
             else:
                 await self._finish(lease, "completed", result=result)
 
+    def _ended(self, lease: Lease, kind: str, error: dict | None, status: str | None) -> None:
+        """One line for a delivery that ended other than completed (the
+        normal ends, completed and suspended, log only at debug)."""
+        if kind in ("completed", "suspended") and status in (kind, None):
+            self.log.debug("delivery of %s (token %d): %s", lease.execution_id, lease.token,
+                           kind, extra=_ids(lease))
+            return
+        name = (error or {}).get("name")
+        # The reason of a retry (Retry("why"), a database failure) is said; a
+        # failure's message may carry the workflow's values: its name only.
+        why = (error or {}).get("message") if kind in ("retry", "park") else None
+        level = logging.INFO if kind == "retry" and status is None else logging.WARNING
+        self.log.log(level, "delivery of %s (token %d) ended: %s%s%s", lease.execution_id,
+                     lease.token, kind, f" ({name}{': ' + why if why else ''})" if name else "",
+                     f"; execution now {status}" if status and status != kind else "",
+                     extra={**_ids(lease), "kind": "delivery_end", "outcome": kind,
+                            "error_name": name, "status": status})
+
+    def _workflow_of(self, lease: Lease) -> str:
+        running = self._running.get(lease.execution_id)
+        return running.workflow_id if running is not None else ""
+
     def _stopped(self, lease: Lease, why: str) -> None:
-        METRICS.deliveries.labels("stopped").inc()
+        METRICS.deliveries.labels(self._workflow_of(lease), "stopped").inc()
         self.log.info("delivery of %s (token %d) stopped: %s", lease.execution_id, lease.token,
                       why, extra=_ids(lease))
 
@@ -506,29 +532,32 @@ class Worker:
 
     async def _write_outcome(self, lease: Lease, kind: str, result: Any, error: dict | None,
                              tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
-        METRICS.deliveries.labels(kind).inc()
+        METRICS.deliveries.labels(self._workflow_of(lease), kind).inc()
         try:
             if kind == "retry":
-                await self.store.release(lease, reason=error)
+                settled = await self.store.release(lease, reason=error)
                 METRICS.unacknowledged_deliveries.inc()
+                self._ended(lease, "retry", error, settled)
                 return
             if kind == "park":
                 status = await self.store.park_outcome_unknown(lease, step_key)
-                self.log.warning("execution %s %s: the outcome of effect %r is unknown",
-                                 lease.execution_id, status, step_key, extra=_ids(lease))
+                self._ended(lease, "park", {"name": "OutcomeUnknown",
+                                            "message": f"effect {step_key!r}"}, status)
                 return
             try:
-                await self.store.acknowledge(lease, kind, result=result, error=error, traceback=tb,
-                                             waiting_on=_jsonable(waiting_on))
+                ack = await self.store.acknowledge(lease, kind, result=result, error=error,
+                                                   traceback=tb, waiting_on=_jsonable(waiting_on))
             except InvalidEvent as exc:
-                await self.store.acknowledge(lease, "failed", error={
-                    "name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}",
-                })
+                error = {"name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}"}
+                ack = await self.store.acknowledge(lease, "failed", error=error)
+            self._ended(lease, kind, error, ack.status)
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
             METRICS.leases_lost.inc()
-            self.log.info("acknowledgement of %s (token %d) rejected: lease lost",
-                          lease.execution_id, lease.token, extra=_ids(lease))
+            self.log.warning("acknowledgement (%s) of %s (token %d) rejected: a newer token "
+                             "holds it", kind, lease.execution_id, lease.token,
+                             extra={**_ids(lease), "kind": "fenced_write_rejected",
+                                    "write": f"acknowledge {kind}"})
             await keep_late_observation(
                 self.store, lease, None, {"acknowledge": kind, "result": result}, error)
         except Exception as exc:

@@ -9,8 +9,10 @@ from fastapi import FastAPI
 
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
+from app.api.http_metrics import HttpMetrics, preinitialise
 from app.api.limits import RequestGuard, parse_allowed_hosts
 from app.api.openapi import publish
+from app.api.request_ids import RequestIds
 from app.api.routes import (
     bulk,
     executions,
@@ -24,6 +26,7 @@ from app.api.routes import (
 )
 from app.api.waiters import Waiters
 from app.db import create_pool
+from app.metrics import METRICS
 from app.migrate import check_schema
 from app.registry import WorkflowDefinition, load_workflows
 from app.settings import Settings
@@ -71,6 +74,8 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     # are refused before any route: app/api/limits.py.
     app.add_middleware(RequestGuard, max_header_bytes=settings.max_header_bytes,
                        allowed_hosts=parse_allowed_hosts(settings.allowed_hosts))
+    app.add_middleware(RequestIds)
+    app.add_middleware(HttpMetrics)  # outermost: counts the guard's refusals too
     publish(app)
     app.include_router(health.router)
     app.include_router(executions.router)
@@ -82,4 +87,6 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(metrics.router)
     app.include_router(schedules.router)
     app.include_router(ui_routes.router)
+    preinitialise(app)
+    METRICS.init_workflows(workflows or {})
     return app

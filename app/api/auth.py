@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import time
@@ -30,6 +31,8 @@ from fastapi import Depends, Request
 
 from app.api.errors import ApiError
 from app.store import ExecutionStore
+
+log = logging.getLogger("fencepost.auth")
 
 ROLES = ("trigger", "read", "operate")
 # fp_<token id: hex>_<secret: URL-safe base64>, as new_token() makes them.
@@ -123,7 +126,15 @@ class TokenVerifier:
         return principal_of(row)
 
 
-def _unauthenticated(message: str) -> ApiError:
+def _unauthenticated(request: Request, message: str, reason: str,
+                     token_id: str | None = None) -> ApiError:
+    # One line per refusal: the reason, the caller and the token's public ID
+    # when it has one; never the token (its secret part) itself.
+    client = request.client.host if request.client else None
+    log.warning("authentication failed (%s): %s %s from %s", reason, request.method,
+                request.url.path, client,
+                extra={"kind": "auth_failure", "reason": reason, "client": client,
+                       "path": request.url.path, "token_id": token_id})
     return ApiError(401, "UNAUTHENTICATED", message, headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -134,12 +145,16 @@ async def authenticate(request: Request) -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthenticated(
+            request,
             "send an API token as 'Authorization: Bearer fp_...'; "
-            "create one with `fencepost tokens create --role ROLE --name NAME`"
+            "create one with `fencepost tokens create --role ROLE --name NAME`",
+            "no bearer token",
         )
     principal = await request.app.state.verifier.verify(token.strip())
     if principal is None:
-        raise _unauthenticated("the API token is unknown or revoked; create a new one")
+        parts = token_parts(token.strip())
+        raise _unauthenticated(request, "the API token is unknown or revoked; create a new one",
+                               "unknown or revoked token", parts[0] if parts else None)
     return principal
 
 

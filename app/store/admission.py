@@ -56,6 +56,7 @@ class AdmissionStatements:
         admitted_by: str | None = None,
         if_exists: Literal["error", "return"] = "error",
         traceparent: str | None = None,
+        request_id: str | None = None,
     ) -> Admitted | Conflict | Existing:
         """Record the execution and its first wake (due now) in one statement,
         or report the record that already holds the ID. IDs are never reused.
@@ -86,7 +87,9 @@ class AdmissionStatements:
                         RETURNING execution_id, status
                     ), ev AS (
                         INSERT INTO execution_events (execution_id, kind, detail)
-                        SELECT execution_id, 'admitted', jsonb_build_object('workflowId', $2::text)
+                        SELECT execution_id, 'admitted',
+                               jsonb_strip_nulls(jsonb_build_object('workflowId', $2::text,
+                                                                    'requestId', $10::text))
                         FROM ins
                     )
                     -- NOTIFY is delivered on commit, so idle workers start at once.
@@ -101,6 +104,7 @@ class AdmissionStatements:
                     timeout_seconds,
                     admitted_by,
                     traceparent,
+                    request_id,
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 # NaN/Infinity (the encoder refuses them), \u0000 and lone

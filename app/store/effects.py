@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
 from app.store.types import INTERRUPT_SQL, NOTIFY_CHANNEL, Lease, LeaseLost
@@ -157,4 +158,5 @@ class EffectStatements:
         )
         if row is None:
             raise LeaseLost(lease.execution_id, lease.token)
+        METRICS.ended([row["status"]], park_reason="outcome_unknown")
         return row["status"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import asyncpg
 
+from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
@@ -21,6 +23,8 @@ from app.store.types import (
     LeaseLost,
     ReapResult,
 )
+
+log = logging.getLogger("fencepost.leases")
 
 # A suspension acknowledged after a cancel request or the deadline, by code
 # that had not met it, within the cleanup window: the execution stays
@@ -134,7 +138,8 @@ class LeaseStatements:
                           fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
                                                  e.cleanup_seconds) AS cleanup_ends,
                           (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
-                          e.traceparent
+                          e.traceparent,
+                          extract(epoch FROM now() - e.admitted_at) AS since_admitted
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'lease_expired', token - 1,
@@ -155,6 +160,11 @@ class LeaseStatements:
             self.max_unacknowledged,
             cleanup_seconds,
         )
+        METRICS.claimed(rows)
+        for r in rows:
+            if r["how"] == "expired":
+                _log_takeover(r["execution_id"], r["old_owner"], r["token"] - 1, owner,
+                              r["old_expiry"])
         return [
             Delivery(
                 lease=Lease(r["execution_id"], r["token"], r["lease_expires_at"], owner),
@@ -264,13 +274,14 @@ class LeaseStatements:
                 lost.append(lease)
         return renewed, lost, interrupts
 
-    async def release(self, lease: Lease, *, reason: dict | None = None) -> None:
+    async def release(self, lease: Lease, *, reason: dict | None = None) -> str | None:
         """End the lease without an outcome: an unacknowledged delivery. The
         covered wakes stay pending and the redelivery delay starts now; a
         pending cancel, a deadline the redelivery would pass, or the poison
-        threshold end it instead, in the same transaction. `reason` ({name,
-        message}, e.g. the workflow's `Retry("why")`) is kept on the
-        `released` event and in the attempt history (the last 20 kept)."""
+        threshold end it instead, in the same transaction (that status is
+        returned; None when it stays claimable). `reason` ({name, message},
+        e.g. the workflow's `Retry("why")`) is kept on the `released` event
+        and in the attempt history (the last 20 kept)."""
         async def end(conn: asyncpg.Connection) -> None:
             row = await conn.fetchrow(
                 """
@@ -320,9 +331,11 @@ class LeaseStatements:
             )
             if row is None:
                 raise LeaseLost(lease.execution_id, lease.token)
-            await self._settle(conn, [lease.execution_id])
+            return await self._settle(conn, [lease.execution_id])
 
-        await self.pool.run_in_transaction(end)
+        settled = await self.pool.run_in_transaction(end)
+        METRICS.ended(settled.values())
+        return settled.get(lease.execution_id)
 
     async def acknowledge(
         self,
@@ -416,6 +429,7 @@ class LeaseStatements:
             # A result or error Postgres cannot store exactly: nothing written.
             raise InvalidEvent(str(exc)) from exc
         if row is not None:
+            METRICS.ended([row["status"]])
             return Acknowledged(row["status"], row["outcome"])
         current = await self.pool.fetchrow(
             "SELECT token, status, outcome FROM executions WHERE execution_id = $1",
@@ -465,15 +479,31 @@ class LeaseStatements:
                            jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
                     FROM r
                 )
-                SELECT execution_id FROM r
+                SELECT execution_id, token, old_owner, last_unacknowledged_at FROM r
                 """,
                 limit,
                 self.redelivery_base,
                 self.redelivery_cap,
             )
-            ids = [r["execution_id"] for r in rows]
-            await self._settle(conn, ids)
-            return ids
+            return rows, await self._settle(conn, [r["execution_id"] for r in rows])
 
-        ids = await self.pool.run_in_transaction(reap)
+        rows, settled = await self.pool.run_in_transaction(reap)
+        METRICS.lease_takeovers.labels("reaper").inc(len(rows))
+        METRICS.ended(settled.values())
+        for r in rows:
+            _log_takeover(r["execution_id"], r["old_owner"], r["token"], None,
+                          r["last_unacknowledged_at"], settled.get(r["execution_id"]))
+        ids = [r["execution_id"] for r in rows]
         return ReapResult(len(ids), ids)
+
+
+def _log_takeover(execution_id: str, old_owner: str | None, token: int, new_owner: str | None,
+                  expired_at, settled: str | None = None) -> None:
+    """One line per expired lease ended, by whichever claim or reaper ended it."""
+    by = f"taken over by {new_owner}" if new_owner else "ended by the reaper"
+    log.warning("lease of %s (token %d, owner %s) expired at %s; %s%s", execution_id, token,
+                old_owner, expired_at.isoformat() if expired_at else None, by,
+                f"; now {settled}" if settled else "",
+                extra={"kind": "lease_takeover", "execution_id": execution_id,
+                       "old_owner": old_owner, "new_owner": new_owner, "token": token,
+                       "settled": settled})

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.types import _TERMINAL_SQL, NOTIFY_CHANNEL, InvalidEvent
 
@@ -49,6 +50,7 @@ class OperatorStatements:
         row = await self.pool.run_in_transaction(
             lambda conn: self._cancel_tree(conn, execution_id, by, terminate))
         if row is not None:
+            METRICS.ended(["cancelled"] * row["cancelled_now"])
             return ("cancelled" if row["status"] == "cancelled" else "requested"), row["status"]
         status = await self.pool.fetchval(
             "SELECT status FROM executions WHERE execution_id = $1", execution_id
@@ -120,7 +122,8 @@ class OperatorStatements:
             SELECT status, {ENDED_NOTICE.format(ended="c")},
                    (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
                    (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM c
-                    WHERE due_at <= now()) AS due
+                    WHERE due_at <= now()) AS due,
+                   (SELECT count(*) FROM c WHERE status = 'cancelled') AS cancelled_now
             FROM c WHERE execution_id = $1
             """,
             execution_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.types import NOTIFY_CHANNEL
 
@@ -112,7 +113,7 @@ WITH target AS (
     INSERT INTO execution_events (execution_id, kind, token)
     SELECT execution_id, status, token FROM s
 )
-SELECT execution_id,
+SELECT execution_id, status,
        (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
        {ENDED_NOTICE.format(ended="s")}
 FROM s
@@ -136,6 +137,7 @@ class PolicyStatements:
         """End unheld executions that were cancelled or passed their deadline
         and can run no cleanup (SWEPT): `cancelled` or `timed_out`."""
         rows = await self.pool.fetch(_SWEEP, limit)
+        METRICS.ended(r["status"] for r in rows)
         return [r["execution_id"] for r in rows]
 
     async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from app.blocked import reason_sql
 from app.store.types import record_columns
 
 
@@ -84,26 +85,50 @@ class WorkerStatements:
         )
         return [dict(r) for r in rows]
 
-    async def metrics_snapshot(self) -> dict:
+    async def metrics_snapshot(self, live_within_seconds: float) -> dict:
         """Gauges over unfinished rows, each read as the API reports it (the
         healed view of app/store/types.py: an expired lease counts as the
-        reaper will leave it)."""
+        reaper will leave it), and why each waits by app/blocked.py's rule,
+        with the workflows some worker heartbeating within
+        `live_within_seconds` runs."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 f"""
-                SELECT r.status, r.parked_reason, count(*) AS n,
-                       count(*) FILTER (WHERE r.unacknowledged_deliveries > 0) AS unacked,
-                       coalesce(sum(r.unacknowledged_deliveries), 0) AS unacked_sum,
-                       min(r.due_at) FILTER (WHERE r.status IN ('admitted', 'suspended')
-                                             AND r.due_at <= r.read_at) AS oldest_due,
-                       max(r.read_at) AS read_at
-                FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
-                      WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r
-                WHERE r.status IN ('admitted', 'running', 'suspended', 'parked')
-                GROUP BY r.status, r.parked_reason
+                WITH live AS (
+                    SELECT ARRAY(SELECT DISTINCT jsonb_array_elements_text(workflows)
+                                 FROM workers
+                                 WHERE stopped_at IS NULL
+                                   AND heartbeat_at > now() - make_interval(secs => $3))
+                           AS workflows
+                ), x AS (
+                    SELECT r.*, {reason_sql("r", "l.workflows")} AS reason
+                    FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
+                          WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r,
+                         live l
+                    WHERE r.status IN ('admitted', 'running', 'suspended', 'parked')
+                )
+                SELECT x.status, x.parked_reason, x.workflow_id, x.reason, count(*) AS n,
+                       count(*) FILTER (WHERE x.unacknowledged_deliveries > 0) AS unacked,
+                       coalesce(sum(x.unacknowledged_deliveries), 0) AS unacked_sum,
+                       -- Due (and no-worker) since due_at; every other reason
+                       -- since the record last changed.
+                       extract(epoch FROM max(x.read_at - CASE
+                           WHEN x.reason IN ('due', 'no-worker') THEN x.due_at
+                           ELSE x.updated_at END)) AS oldest
+                FROM x
+                GROUP BY x.status, x.parked_reason, x.workflow_id, x.reason
                 """,
                 self.redelivery_base,
                 self.redelivery_cap,
+                float(live_within_seconds),
+            )
+            live = await conn.fetchrow(
+                """
+                SELECT count(*) AS workers, coalesce(sum(concurrency), 0) AS capacity
+                FROM workers
+                WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)
+                """,
+                float(live_within_seconds),
             )
             # Terminal executions too: a conflict stays worth knowing about.
             # Every increment of integrity_conflicts inserts its conflicting
@@ -120,22 +145,29 @@ class WorkerStatements:
             )
         by_status: dict[str, int] = {}
         parked: dict[str, int] = {}
-        oldest = 0.0
+        waiting: dict[tuple[str, str], int] = {}
+        oldest_by_reason: dict[str, float] = {}
         for r in rows:
             by_status[r["status"]] = by_status.get(r["status"], 0) + r["n"]
             if r["status"] == "parked":
                 parked[r["parked_reason"]] = parked.get(r["parked_reason"], 0) + r["n"]
-            if r["oldest_due"] is not None:
-                oldest = max(oldest, (r["read_at"] - r["oldest_due"]).total_seconds())
+            key = (r["reason"], r["workflow_id"])
+            waiting[key] = waiting.get(key, 0) + r["n"]
+            if r["oldest"] is not None:
+                oldest_by_reason[r["reason"]] = max(oldest_by_reason.get(r["reason"], 0.0),
+                                                    max(0.0, float(r["oldest"])))
         return {
             "by_status": by_status,
             "parked": parked,
+            "waiting": waiting,
+            "oldest_by_reason": oldest_by_reason,
             # Executions waiting for an operator's decision on a step whose
             # outcome is unknown (one step each); an effect row left behind by
             # an execution that was resolved or ended does not count.
             "outcome_unknown": parked.get("outcome_unknown", 0),
             "unacknowledged_executions": sum(r["unacked"] for r in rows),
             "unacknowledged_sum": int(sum(r["unacked_sum"] for r in rows)),
-            "oldest_due_age": oldest,
             "integrity_conflicts": int(conflicted),
+            "live_workers": live["workers"],
+            "live_capacity": int(live["capacity"]),
         }

@@ -55,6 +55,7 @@ from app.api.models import EXECUTION_ID_PATTERN
 from app.api.routes.redrive import fork_id
 from app.blocked import blocked_by
 from app.dberrors import is_infrastructure
+from app.logs import operator_action
 from app.registry import ID_RE
 from app.schema import STATUSES, TERMINAL_STATUSES
 from app.store import InvalidEvent
@@ -701,6 +702,7 @@ async def cancel(request: Request, execution_id: str) -> Response:
     session, _ = await _checked_post(request)
     _check_id(execution_id, session)
     answer, status = await request.app.state.store.request_cancel(execution_id, _actor(session))
+    operator_action("cancel", by=_actor(session), result=answer, execution_id=execution_id)
     if answer == "not_found":
         raise _not_found(execution_id, session)
     if answer == "terminal":
@@ -725,6 +727,7 @@ async def resume(request: Request, execution_id: str) -> Response:
     session, _ = await _checked_post(request)
     _check_id(execution_id, session)
     answer, status = await request.app.state.store.resume(execution_id, _actor(session))
+    operator_action("resume", by=_actor(session), result=answer, execution_id=execution_id)
     if answer == "not_found":
         raise _not_found(execution_id, session)
     if answer == "not_parked":
@@ -1025,6 +1028,8 @@ async def resolve(request: Request, execution_id: str) -> Response:
         raise UIError(422, "INVALID_RESOLUTION",
                       f"the result cannot be stored exactly ({exc}); give plain JSON",
                       session=session) from None
+    operator_action(f"resolve {res.action}", by=_actor(session), result=answer,
+                    execution_id=execution_id, step_key=res.step)
     if answer == "not_found":
         raise _not_found(execution_id, session)
     if answer == "step_not_found":

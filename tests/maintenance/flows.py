@@ -19,3 +19,17 @@ async def retry_once(ctx, params):
 @workflow("mnt-versioned", version="2026-11-29.1")
 async def versioned(ctx, params):
     return "v"
+
+
+class PaymentDeclined(Exception):
+    pass
+
+
+@workflow("mnt-fails")
+async def fails(ctx, params):
+    raise PaymentDeclined("card 4111-secret declined")
+
+
+@workflow("mnt-always-retry")
+async def always_retry(ctx, params):
+    raise Retry("the ledger is closed")

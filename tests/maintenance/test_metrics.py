@@ -34,12 +34,14 @@ async def test_metrics_are_present_and_move(database_url, pool):
                         redelivery_cap_seconds=0.1, auth="disabled")
     store = ExecutionStore.from_settings(pool, settings)
     workflows = load_workflows(["tests.maintenance.flows"])
+    METRICS.init_workflows(workflows)  # as the API and each worker do at start
     before = METRICS.render().decode()
-    claims0 = sample(before, "fencepost_claims_total")
+    claims0 = sum(sample(before, "fencepost_claims_total", f'{{workflow="{w}"}}')
+                  for w in ("mnt-ok", "mnt-retry-once"))
     released0 = sample(before, "fencepost_unacknowledged_deliveries_total")
     steps0 = sample(before, "fencepost_step_duration_seconds_count")
-    completed0 = sample(before, "fencepost_deliveries_total", '{outcome="completed"}') \
-        if 'outcome="completed"' in before else 0.0
+    completed0 = sample(before, "fencepost_deliveries_total",
+                        '{outcome="completed",workflow="mnt-ok"}')
 
     app = create_app(settings, workflows)
     async with app.router.lifespan_context(app):
@@ -75,8 +77,11 @@ async def test_metrics_are_present_and_move(database_url, pool):
             assert sample(gauges, "fencepost_executions_with_unacknowledged_deliveries") == 1
 
     after = METRICS.render().decode()
-    assert sample(after, "fencepost_claims_total") >= claims0 + 5  # 4 + the redelivery
+    assert sum(sample(after, "fencepost_claims_total", f'{{workflow="{w}"}}')
+               for w in ("mnt-ok", "mnt-retry-once")) >= claims0 + 5  # 4 + the redelivery
     assert sample(after, "fencepost_unacknowledged_deliveries_total") == released0 + 1
     assert sample(after, "fencepost_step_duration_seconds_count") >= steps0 + 3
-    assert sample(after, "fencepost_deliveries_total", '{outcome="completed"}') >= completed0 + 4
-    assert sample(after, "fencepost_delivery_duration_seconds_count") >= 5
+    assert sample(after, "fencepost_deliveries_total",
+                  '{outcome="completed",workflow="mnt-ok"}') >= completed0 + 3
+    assert sample(after, "fencepost_delivery_duration_seconds_count",
+                  '{workflow="mnt-ok"}') >= 3

@@ -94,9 +94,9 @@ async def test_outcome_unknown_gauge_counts_only_executions_waiting_for_a_decisi
     assert "awaiting an operator's decision" in help_text(text, name)
 
 
-def test_lease_expiry_counter_says_it_counts_claim_takeovers_too() -> None:
+def test_lease_takeover_counter_says_it_counts_claim_takeovers_too() -> None:
     text = METRICS.render().decode()
-    words = help_text(text, "fencepost_lease_expiries_total")
+    words = help_text(text, "fencepost_lease_takeovers_total")
     assert "reaper" in words and "claim" in words, words
 
 

@@ -47,17 +47,18 @@ class Procs:
         self.all: list[Proc] = []
 
     def spawn(self, name: str, *, concurrency: int = 8,
-              settings: dict[str, Any] | None = None) -> Proc:
+              settings: dict[str, Any] | None = None, args: tuple[str, ...] = ()) -> Proc:
         p = spawn_worker(name, database_url=self.database_url, flows_module=FLOWS_MODULE,
                          log_dir=self.log_dir, worker_id=f"op-worker-{name}",
-                         concurrency=concurrency, settings={**SETTINGS, **(settings or {})})
+                         concurrency=concurrency, settings={**SETTINGS, **(settings or {})},
+                         args=args)
         self.all.append(p)
         return p
 
     async def start(self, name: str, *, concurrency: int = 8,
-                    settings: dict[str, Any] | None = None) -> Proc:
+                    settings: dict[str, Any] | None = None, args: tuple[str, ...] = ()) -> Proc:
         """Spawn a worker and return once it has registered (pid matches)."""
-        p = self.spawn(name, concurrency=concurrency, settings=settings)
+        p = self.spawn(name, concurrency=concurrency, settings=settings, args=args)
 
         await wait_for(lambda: is_registered(self.pool, p), timeout=20, what=f"worker {name} registered")
         return p

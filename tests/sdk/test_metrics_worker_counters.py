@@ -1,8 +1,8 @@
 """Issue 10 item 13, the worker's counters move (in-process workers on the
 test database, tests/sdk fixtures):
 
-* a claim that takes over an expired lease counts as a lease expiry (the
-  reaper is held off, so the claim is the only one that can end it);
+* a claim that takes over an expired lease counts as a lease takeover by
+  the claim (the reaper is held off, so the claim is the only one that can end it);
 * a stale holder's late result counts as a late observation, and as an
   integrity conflict when it differs from the recorded step.
 """
@@ -41,20 +41,21 @@ class _NoReaper:
         await stop.wait()
 
 
-async def test_a_claim_taking_over_an_expired_lease_counts_as_a_lease_expiry(
+async def test_a_claim_taking_over_an_expired_lease_counts_as_a_lease_takeover(
         store: ExecutionStore, pool: asyncpg.Pool, workers, monkeypatch) -> None:
     monkeypatch.setattr(app.worker, "LeaseReaper", _NoReaper)
     eid = await admit(store, "sdk-return", "takeover")
     [dead] = await store.claim_due(1, 30, "dead-holder")  # a holder that died at once
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
                        "WHERE execution_id = $1", eid)
-    before = counter("fencepost_lease_expiries_total")
+    name = 'fencepost_lease_takeovers_total{by="claim"}'
+    before = counter(name)
 
     await workers.start(concurrency=1)
     await wait_status(store, eid, "completed")
     [expired] = await events_of(store, eid, "lease_expired")
     assert (expired["token"], expired["detail"]["owner"]) == (dead.lease.token, "dead-holder")
-    assert counter("fencepost_lease_expiries_total") == before + 1
+    assert counter(name) == before + 1
 
 
 @pytest.mark.parametrize("current_value", ["slow-done", "the current holder's value"])

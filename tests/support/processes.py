@@ -90,7 +90,8 @@ class WorkerProcess:
 
 def spawn_worker(name: str, *, database_url: str, flows_module: str, log_dir: Path,
                  worker_id: str, concurrency: int, settings: dict[str, Any],
-                 extra_env: dict[str, str] | None = None) -> WorkerProcess:
+                 extra_env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> WorkerProcess:
     """Start `python -m app.cli worker` for `flows_module` with the repository
     root on PYTHONPATH, only the given FENCEPOST_* settings (none inherited),
     and stdout+stderr in `<log_dir>/<name>.log`; it may not have registered yet."""
@@ -107,7 +108,7 @@ def spawn_worker(name: str, *, database_url: str, flows_module: str, log_dir: Pa
     log_file = open(log_path, "a")  # noqa: SIM115 - closed by WorkerProcess.kill
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency),
-         "--workflows", flows_module, "--worker-id", worker_id, "--log-level", "info"],
+         "--workflows", flows_module, "--worker-id", worker_id, "--log-level", "info", *args],
         cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
         stderr=subprocess.STDOUT,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,

@@ -48,6 +48,7 @@ from app.api.models import (
 from app.api.quotas import RATE_LIMITED, AdmissionQuota
 from app.api.waiters import wait_or_gone
 from app.blocked import REASONS
+from app.logs import REQUEST_ID
 from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
 from app.store.admission import Existing
@@ -128,6 +129,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                 if_exists=req.if_exists,
                 # This span's context (else the caller's): the deliveries' parent.
                 traceparent=tracing.current_traceparent() or incoming,
+                request_id=REQUEST_ID.get(),
             )
     except InvalidEvent as exc:
         raise ApiError(

@@ -23,6 +23,7 @@ from app.api.common import (
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
 from app.api.models import ErrorBody, Status
+from app.logs import operator_action
 from app.store import InvalidEvent
 
 router = APIRouter(prefix="/v1/executions", tags=["operations"],
@@ -108,8 +109,11 @@ async def _end(execution_id: str, request: Request, store, settings, principal, 
                terminate: bool) -> dict:
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, ActorBody)
+    by = actor(principal, body.by)
     end = store.terminate if terminate else store.request_cancel
-    answer, status = await end(execution_id, actor(principal, body.by))
+    answer, status = await end(execution_id, by)
+    operator_action("terminate" if terminate else "cancel", by=by, result=answer,
+                    execution_id=execution_id)
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "terminal":
@@ -153,14 +157,17 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
     if decision.action != "succeed" and "result" in body:
         raise ApiError(422, "INVALID_RESOLUTION", "result goes only with action succeed")
     try:
+        by = actor(principal, decision.by)
         answer, status = await store.resolve_step(
-            execution_id, step_key, decision.action, by=actor(principal, decision.by),
+            execution_id, step_key, decision.action, by=by,
             result=decision.result,
             error=decision.error.model_dump() if decision.error else None,
         )
     except InvalidEvent as exc:
         raise ApiError(422, "INVALID_RESOLUTION",
                        f"result cannot be stored exactly ({exc}); send plain JSON") from None
+    operator_action(f"resolve {decision.action}", by=by, result=answer,
+                    execution_id=execution_id, step_key=step_key)
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "step_not_found":
@@ -192,7 +199,9 @@ async def resume(execution_id: str, request: Request, store: StoreDep, settings:
                  principal: Operator):
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, ActorBody)
-    answer, status = await store.resume(execution_id, actor(principal, body.by))
+    by = actor(principal, body.by)
+    answer, status = await store.resume(execution_id, by)
+    operator_action("resume", by=by, result=answer, execution_id=execution_id)
     if answer == "not_found":
         raise not_found(execution_id)
     if answer == "not_parked":

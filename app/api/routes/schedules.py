@@ -29,6 +29,7 @@ from app.api.common import (
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
 from app.api.models import ID_PATTERN, ErrorBody
+from app.logs import operator_action
 from app.registry import SCHEDULE_ID_RE
 from app.store import InvalidEvent
 
@@ -257,7 +258,10 @@ async def schedule_events(
 
 async def _set_paused(schedule_id: str, paused: bool, store, principal) -> dict:
     _check_schedule_id(schedule_id)
-    row = await store.set_schedule_paused(schedule_id, paused, by=actor(principal, None))
+    by = actor(principal, None)
+    row = await store.set_schedule_paused(schedule_id, paused, by=by)
+    operator_action("pause" if paused else "resume", by=by,
+                    result="not_found" if row is None else "done", schedule_id=schedule_id)
     if row is None:
         raise _not_found(schedule_id)
     return _view(row)
@@ -293,6 +297,9 @@ async def resume_schedule(schedule_id: str, store: StoreDep, principal: Operator
 )
 async def delete_schedule(schedule_id: str, store: StoreDep, principal: Operator):
     _check_schedule_id(schedule_id)
-    if not await store.delete_schedule(schedule_id):
+    deleted = await store.delete_schedule(schedule_id)
+    operator_action("delete", by=actor(principal, None), result="done" if deleted else "not_found",
+                    schedule_id=schedule_id)
+    if not deleted:
         raise _not_found(schedule_id)
     return Response(status_code=204)
