@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv browser node test lint dev clean-venv
+.PHONY: venv browser node promtool test lint dev clean-venv
 
 venv: $(STAMP)
 
@@ -30,7 +30,17 @@ node:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm >/dev/null; }
 
-test: venv browser node
+# Debian's Prometheus for promtool: tests/maintenance/test_prometheus.py checks the
+# alert rules (deploy/prometheus), runs their unit tests and lints live /metrics.
+# Where no init system runs (these machines, CI) its server is installed, not started.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    prometheus >/dev/null; }
+
+test: venv browser node promtool
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: venv
