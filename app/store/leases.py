@@ -401,7 +401,8 @@ class LeaseStatements:
                         updated_at = now()
                     WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
                     RETURNING e.execution_id, e.token, e.status, e.outcome, e.due_at,
-                              e.parent_execution_id
+                              e.parent_execution_id, e.workflow_id,
+                              extract(epoch FROM now() - e.admitted_at) AS age
                 ), {WAKE_PARENTS.format(ended="a")}, ev AS (
                     INSERT INTO execution_events (execution_id, kind, token, detail)
                     SELECT execution_id, 'acknowledged', token,
@@ -412,7 +413,7 @@ class LeaseStatements:
                     SELECT execution_id, status, token, NULL FROM a
                     WHERE status IN ('cancelled', 'timed_out')
                 )
-                SELECT status, outcome,
+                SELECT status, outcome, workflow_id, age,
                        CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
                             THEN pg_notify('{NOTIFY_CHANNEL}', '') END,
                        {ENDED_NOTICE.format(ended="a")}
@@ -430,6 +431,8 @@ class LeaseStatements:
             raise InvalidEvent(str(exc)) from exc
         if row is not None:
             METRICS.ended([row["status"]])
+            if row["status"] in TERMINAL_STATUSES:
+                METRICS.end_to_end_seconds.labels(row["workflow_id"]).observe(float(row["age"]))
             return Acknowledged(row["status"], row["outcome"])
         current = await self.pool.fetchrow(
             "SELECT token, status, outcome FROM executions WHERE execution_id = $1",

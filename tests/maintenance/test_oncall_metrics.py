@@ -154,6 +154,7 @@ async def test_terminal_transitions_count_whoever_writes_them(
     [p] = await poison_store.claim_due(1, 30, "w", ["mnt-ok"])
     await poison_store.release(p.lease)
 
+    assert local("fencepost_end_to_end_duration_seconds_count", '{workflow="mnt-ok"}') >= 2
     assert {s: ended(s) - before[s] for s in before} == {
         "completed": 1, "failed": 1, "cancelled": 2, "timed_out": 1}
     assert {r: parks(r) - parks0[r] for r in parks0} == {"poison": 1, "outcome_unknown": 1}
@@ -256,3 +257,24 @@ async def test_a_worker_reports_its_capacity_and_in_flight(m_settings: Settings)
     assert local("fencepost_worker_capacity") == 7
     assert local("fencepost_worker_in_flight_deliveries") >= 0
     assert local("fencepost_deliveries_total", '{outcome="failed",workflow="mnt-retry-once"}') >= 0
+
+
+def test_the_readme_lists_every_metric_and_its_labels() -> None:
+    from pathlib import Path
+
+    from app.metrics import database_families
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Metrics\n", 1)[1].split("\n### ", 1)[0]
+    snap = {"by_status": {}, "parked": {}, "waiting": {("due", "w"): 1}, "oldest_by_reason": {},
+            "outcome_unknown": 0, "unacknowledged_executions": 0, "unacknowledged_sum": 0,
+            "integrity_conflicts": 0, "live_workers": 0, "live_capacity": 0}
+    families = [*METRICS.registry.collect(), *database_families(snap)]
+    for family in families:
+        if not family.name.startswith("fencepost_"):
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in section, f"README's Metrics section lacks {name}"
+        labels = {k for sample in family.samples for k in sample.labels if k not in ("le",)}
+        for label in labels:
+            assert f"`{label}`" in section, f"README's Metrics section lacks label {label}"
