@@ -85,7 +85,7 @@ class WorkerStatements:
         )
         return [dict(r) for r in rows]
 
-    async def metrics_snapshot(self, live_within_seconds: float) -> dict:
+    async def metrics_snapshot(self, live_within_seconds: float = 31.0) -> dict:
         """Gauges over unfinished rows, each read as the API reports it (the
         healed view of app/store/types.py: an expired lease counts as the
         reaper will leave it), and why each waits by app/blocked.py's rule,

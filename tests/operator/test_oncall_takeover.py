@@ -48,10 +48,13 @@ async def test_a_kill_9_takeover_is_counted_once_and_logged(
     async with httpx.AsyncClient(timeout=5) as client:
         text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     assert takeovers(text) == 1, text
+    print("\n".join(line for line in text.splitlines()  # shown with pytest -s
+                    if line.startswith(("fencepost_lease_takeovers_total", "fencepost_claims"))))
     assert "_created" not in text
 
     lines = [json.loads(line) for line in b.log().splitlines() if line.startswith("{")]
     [taken] = [r for r in lines if r.get("kind") == "lease_takeover"]
+    print(json.dumps(taken))
     assert (taken["execution_id"], taken["old_owner"], taken["token"]) == (
         eid, "op-worker-A", expired[0]["token"]), taken
     assert taken["new_owner"] in ("op-worker-B", None), taken
