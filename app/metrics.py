@@ -104,8 +104,8 @@ class ProcessMetrics:
             buckets=DURATION_BUCKETS, registry=r,
         )
         self.step_seconds = Histogram(
-            "fencepost_step_duration_seconds", "Step function run time (all attempts).",
-            buckets=DURATION_BUCKETS, registry=r,
+            "fencepost_step_duration_seconds", "Step function run time (each attempt).",
+            ["workflow"], buckets=DURATION_BUCKETS, registry=r,
         )
         self.first_claim_seconds = Histogram(
             "fencepost_admission_to_first_claim_seconds",
@@ -170,6 +170,7 @@ class ProcessMetrics:
         for wf in workflows:
             self.claims.labels(wf)
             self.delivery_seconds.labels(wf)
+            self.step_seconds.labels(wf)
             self.first_claim_seconds.labels(wf)
             self.end_to_end_seconds.labels(wf)
             for outcome in DELIVERY_OUTCOMES:
@@ -228,10 +229,13 @@ def database_families(snap: dict | None) -> list:
     if snap is None:
         return [up]
     by_status = GaugeMetricFamily(
-        "fencepost_executions", "Unfinished executions by status.", labels=["status"]
+        "fencepost_executions", "Unfinished executions by status and workflow (every status "
+        "of every workflow present, 0 included).", labels=["status", "workflow"]
     )
-    for status in ("admitted", "running", "suspended", "parked"):
-        by_status.add_metric([status], snap["by_status"].get(status, 0))
+    workflows = sorted({wf for _, wf in snap["waiting"]} | set(snap.get("workflows", ())))
+    for wf in workflows:
+        for status in ("admitted", "running", "suspended", "parked"):
+            by_status.add_metric([status, wf], snap["by_status_workflow"].get((status, wf), 0))
     parked = GaugeMetricFamily(
         "fencepost_parked_executions", "Parked executions by reason.", labels=["reason"]
     )
@@ -243,7 +247,7 @@ def database_families(snap: dict | None) -> list:
         "and workflow; every reason of every workflow present, 0 included.",
         labels=["reason", "workflow"])
     counts = snap["waiting"]
-    for wf in sorted({wf for _, wf in counts} | set(snap.get("workflows", ()))):
+    for wf in workflows:
         for reason in WAITING_REASONS:
             waiting.add_metric([reason, wf], counts.get((reason, wf), 0))
     oldest_by_reason = GaugeMetricFamily(

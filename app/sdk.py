@@ -387,11 +387,11 @@ class WorkflowContext:
             except Retry:
                 raise
             except Exception as exc:
-                METRICS.step_seconds.observe(time.perf_counter() - started)
+                METRICS.step_seconds.labels(self.workflow_id).observe(time.perf_counter() - started)
                 if await self._may_retry(key, name, attempt, exc, policy, attempt):
                     continue
                 return self._settled(await self._record(key, name, attempt, error=error_of(exc)))
-            METRICS.step_seconds.observe(time.perf_counter() - started)
+            METRICS.step_seconds.labels(self.workflow_id).observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
 
     async def _attempt(self, key: str, fn: Callable, args: tuple, kwargs: dict,

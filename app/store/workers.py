@@ -144,11 +144,14 @@ class WorkerStatements:
                 """
             )
         by_status: dict[str, int] = {}
+        by_status_workflow: dict[tuple[str, str], int] = {}
         parked: dict[str, int] = {}
         waiting: dict[tuple[str, str], int] = {}
         oldest_by_reason: dict[str, float] = {}
         for r in rows:
             by_status[r["status"]] = by_status.get(r["status"], 0) + r["n"]
+            key = (r["status"], r["workflow_id"])
+            by_status_workflow[key] = by_status_workflow.get(key, 0) + r["n"]
             if r["status"] == "parked":
                 parked[r["parked_reason"]] = parked.get(r["parked_reason"], 0) + r["n"]
             key = (r["reason"], r["workflow_id"])
@@ -158,6 +161,7 @@ class WorkerStatements:
                                                     max(0.0, float(r["oldest"])))
         return {
             "by_status": by_status,
+            "by_status_workflow": by_status_workflow,
             "parked": parked,
             "waiting": waiting,
             "oldest_by_reason": oldest_by_reason,

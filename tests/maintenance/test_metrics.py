@@ -39,7 +39,7 @@ async def test_metrics_are_present_and_move(database_url, pool):
     claims0 = sum(sample(before, "fencepost_claims_total", f'{{workflow="{w}"}}')
                   for w in ("mnt-ok", "mnt-retry-once"))
     released0 = sample(before, "fencepost_unacknowledged_deliveries_total")
-    steps0 = sample(before, "fencepost_step_duration_seconds_count")
+    steps0 = sample(before, "fencepost_step_duration_seconds_count", '{workflow="mnt-ok"}')
     completed0 = sample(before, "fencepost_deliveries_total",
                         '{outcome="completed",workflow="mnt-ok"}')
 
@@ -55,7 +55,8 @@ async def test_metrics_are_present_and_move(database_url, pool):
                 "unacknowledged_deliveries = 25, due_at = NULL WHERE execution_id = 'stuck'")
 
             gauges = (await c.get("/metrics")).text
-            assert sample(gauges, "fencepost_executions", '{status="admitted"}') == 4
+            assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
+                   for w in workflows) == 4
             assert sample(gauges, "fencepost_parked_executions", '{reason="poison"}') == 1
             assert sample(gauges, "fencepost_unacknowledged_deliveries_current") == 25
             assert sample(gauges, "fencepost_oldest_due_age_seconds") >= 0
@@ -73,14 +74,16 @@ async def test_metrics_are_present_and_move(database_url, pool):
                 await task
 
             gauges = (await c.get("/metrics")).text
-            assert sample(gauges, "fencepost_executions", '{status="admitted"}') == 0
+            assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
+                   for w in workflows) == 0
             assert sample(gauges, "fencepost_executions_with_unacknowledged_deliveries") == 1
 
     after = METRICS.render().decode()
     assert sum(sample(after, "fencepost_claims_total", f'{{workflow="{w}"}}')
                for w in ("mnt-ok", "mnt-retry-once")) >= claims0 + 5  # 4 + the redelivery
     assert sample(after, "fencepost_unacknowledged_deliveries_total") == released0 + 1
-    assert sample(after, "fencepost_step_duration_seconds_count") >= steps0 + 3
+    assert sample(after, "fencepost_step_duration_seconds_count",
+                  '{workflow="mnt-ok"}') >= steps0 + 3
     assert sample(after, "fencepost_deliveries_total",
                   '{outcome="completed",workflow="mnt-ok"}') >= completed0 + 3
     assert sample(after, "fencepost_delivery_duration_seconds_count",

@@ -192,6 +192,10 @@ async def test_waiting_executions_by_reason_and_workflow_follow_the_apis_rule(
             assert sample(text, "fencepost_waiting_executions",
                           f'{{reason="{reason}",workflow="{workflow}"}}') == \
                 expected.get((reason, workflow), 0), (reason, workflow)
+    assert sample(text, "fencepost_executions", '{status="running",workflow="mnt-ok"}') == 1
+    assert sample(text, "fencepost_executions",
+                  '{status="admitted",workflow="mnt-retry-once"}') == 2
+    assert sample(text, "fencepost_executions", '{status="parked",workflow="mnt-fails"}') == 0
     assert sample(text, "fencepost_live_workers") == 1
     assert sample(text, "fencepost_live_worker_capacity") == 3
     assert sample(text, "fencepost_database_up") == 1
@@ -266,7 +270,8 @@ def test_the_readme_lists_every_metric_and_its_labels() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("### Metrics\n", 1)[1].split("\n### ", 1)[0]
-    snap = {"by_status": {}, "parked": {}, "waiting": {("due", "w"): 1}, "oldest_by_reason": {},
+    snap = {"by_status": {}, "by_status_workflow": {("admitted", "w"): 1}, "parked": {},
+            "waiting": {("due", "w"): 1}, "oldest_by_reason": {},
             "outcome_unknown": 0, "unacknowledged_executions": 0, "unacknowledged_sum": 0,
             "integrity_conflicts": 0, "live_workers": 0, "live_capacity": 0}
     families = [*METRICS.registry.collect(), *database_families(snap)]
