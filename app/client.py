@@ -43,8 +43,8 @@ __all__ = [
     "InvalidSchedule", "MalformedJson", "MethodNotAllowed", "NotFound", "PayloadTooLarge",
     "RateLimited", "RedriveNeedsFromStep", "RequestHeaderFieldsTooLarge", "RequestTimeout",
     "ReservedExecutionId", "SchemaOutOfDate", "ScheduleExists", "ScheduleNotFound", "Started", "StepNotFound",
-    "StepNotOutcomeUnknown", "TooManyPendingSignals", "Unauthenticated", "UnsupportedMediaType",
-    "WaitTimeout", "WorkflowNotFound",
+    "StepNotOutcomeUnknown", "TooManyPendingSignals", "Unauthenticated", "UnknownQueryParameter",
+    "UnsupportedMediaType", "WaitTimeout", "WorkflowNotFound",
 ]
 
 History = list[dict[str, Any]]  # `list` is also a method name in the clients below
@@ -104,6 +104,10 @@ class InvalidParams(FencepostError):
 
 class InvalidCursor(FencepostError):
     code = "INVALID_CURSOR"
+
+
+class UnknownQueryParameter(FencepostError):
+    code = "UNKNOWN_QUERY_PARAMETER"
 
 
 class InvalidResolution(FencepostError):
@@ -221,7 +225,8 @@ class DatabaseUnavailable(FencepostError):
 ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
     cls.code: cls for cls in (
         InvalidRequest, MalformedJson, UnsupportedMediaType, PayloadTooLarge, RequestTimeout,
-        InvalidExecutionEvent, InvalidParams, InvalidCursor, InvalidResolution,
+        InvalidExecutionEvent, InvalidParams, InvalidCursor, UnknownQueryParameter,
+        InvalidResolution,
         ReservedExecutionId, DeadlineInThePast, Unauthenticated, Forbidden, NotFound,
         WorkflowNotFound, ExecutionNotFound, StepNotFound, ExecutionIdConflict,
         ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, ExecutionNotEnded,
