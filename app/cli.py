@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import bench, devserver, opscli, serve, shared_settings, soak, tokens_cli
+from app import devserver, opscli, serve, shared_settings, tokens_cli
 from app.settings import ConfigurationError, Settings, database_url_problem, env_name
 from app.version import VERSION
 
@@ -72,6 +73,14 @@ def require_database_url(settings: Settings, command: str) -> str:
     return settings.database_url
 
 
+def _tooling(module: str, name: str) -> Callable:
+    """`app.<module>.<name>`, imported when the command runs: the measuring
+    tools (and their workflows) stay out of `fencepost api` / `worker`."""
+    def call(*args):
+        return getattr(importlib.import_module(f"app.{module}"), name)(*args)
+    return call
+
+
 def _describe_connect_error(exc: BaseException) -> str | None:
     """A one-line message when `exc` (or what caused it) means 'cannot reach the database'."""
     import asyncpg
@@ -89,7 +98,8 @@ def _describe_connect_error(exc: BaseException) -> str | None:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, connect_errors):
+        # A reader that went away (`| head`) is not the database.
+        if isinstance(cur, connect_errors) and not isinstance(cur, BrokenPipeError):
             return f"cannot connect to the database in DATABASE_URL: {type(cur).__name__}: {cur}"
         cur = cur.__cause__ or cur.__context__
     return None
@@ -165,10 +175,10 @@ COMMANDS: dict[str, Command] = {
                 _with_settings(tokens_cli.run, needs_database="tokens")),
         Command("dev", "embedded Postgres (unless DATABASE_URL is set), API and two workers",
                 devserver.configure, _with_settings(devserver.run)),
-        Command("bench", "measure throughput and latency; prints one JSON line", bench.configure,
-                _with_settings(bench.run)),
+        Command("bench", "measure throughput and latency; prints one JSON line",
+                _tooling("bench", "configure"), _with_settings(_tooling("bench", "run"))),
         Command("soak", "admit under load while killing workers; verify; prints one JSON line",
-                soak.configure, _with_settings(soak.run)),
+                _tooling("soak", "configure"), _with_settings(_tooling("soak", "run"))),
         # The operator CLI speaks HTTP (FENCEPOST_URL, FENCEPOST_TOKEN), not SQL.
         Command("executions", "list, inspect and act on executions over the HTTP API",
                 opscli.configure_executions, opscli.run),

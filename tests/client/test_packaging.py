@@ -128,9 +128,6 @@ def test_the_api_and_worker_modules_do_not_import_bench_or_soak_tooling():
     assert _loaded_modules("app.serve", "app.worker", "app.api.app") == set()
 
 
-@pytest.mark.xfail(strict=True, reason="app/cli.py imports app.bench and app.soak (and so "
-                   "app.soakflows) at module level; `fencepost api` and `fencepost worker` run "
-                   "through it. Fix: import them inside the bench/soak commands.")
 def test_the_command_line_entry_point_does_not_import_bench_or_soak_tooling():
     assert _loaded_modules("app.cli") == set()
 

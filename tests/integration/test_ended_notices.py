@@ -56,7 +56,7 @@ async def test_cancel_terminate_settle_sweep_and_park_name_what_they_end(store, 
     await store.request_cancel("never-ran", "t")
     assert await _next(heard) == "never-ran"
 
-    held = await _claimed(store, "held")
+    await _claimed(store, "held")
     await store.terminate("held", "t")
     assert await _next(heard) == "held"
 
@@ -65,7 +65,7 @@ async def test_cancel_terminate_settle_sweep_and_park_name_what_they_end(store, 
     await store.release(released)
     assert await _next(heard) == "released"
 
-    reaped = await _claimed(store, "reaped")
+    await _claimed(store, "reaped")
     await store.request_cancel("reaped", "t")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 ms' "
                        "WHERE execution_id = 'reaped'")
