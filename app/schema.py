@@ -486,3 +486,18 @@ Index(
     operation_items.c.execution_id,
     postgresql_where=text("status = 'pending'"),
 )
+
+# Executions a long-poll (GET ...?waitSeconds=) has waited for: only their ends
+# are announced on fencepost_ended. A NOTIFY serializes commits database-wide,
+# so the ends nobody waits for announce nothing.
+watched_executions = Table(
+    "watched_executions",
+    metadata,
+    Column(
+        "execution_id",
+        Text,
+        ForeignKey("executions.execution_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("since", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

@@ -164,6 +164,14 @@ class AdmissionStatements:
         )
         return dict(row) if row is not None else None
 
+    async def watch_execution(self, execution_id: str) -> None:
+        """A long-poll waits for this execution: its end is announced on
+        fencepost_ended from now on (see ENDED_NOTICE)."""
+        await self.pool.execute(
+            "INSERT INTO watched_executions (execution_id) SELECT $1 "
+            "WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = $1) "
+            "ON CONFLICT (execution_id) DO NOTHING", execution_id)
+
     async def ended_among(self, execution_ids: list[str]) -> set[str]:
         """Which of these executions read as terminal now (the healed status,
         as `get` reports it), in one statement: the long-poll waiters' check

@@ -26,9 +26,12 @@ from app.store.types import (
 # statement, so a parent waiting for a child cannot miss the end. `{ended}`
 # names a CTE returning (parent_execution_id, status) of the rows it ended.
 # In the final select list of every statement that ends executions (the
-# CTE `{ended}` returns execution_id and status): one notice per ended ID.
-ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', execution_id)) FROM {{ended}} "
-                f"WHERE status IN {_TERMINAL_SQL}) AS ended_notices")
+# CTE `{ended}` returns execution_id and status): one notice per ended ID a
+# long-poll waits for (watched_executions). A NOTIFY serializes commits across
+# the database, so an end nobody waits for sends none.
+ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', x.execution_id)) FROM {{ended}} x "
+                f"WHERE x.status IN {_TERMINAL_SQL} AND EXISTS (SELECT 1 FROM watched_executions w "
+                "WHERE w.execution_id = x.execution_id)) AS ended_notices")
 
 WAKE_PARENTS = """
     parent_wake AS (

@@ -11,6 +11,9 @@ Create Date: 2026-12-01 17:40:00
 - `executions.forked_from` / `forked_from_step`: the execution and step a
   fork copied its history from (the source names the fork in a `forked`
   event); indexed for the listing of a source's forks.
+- `watched_executions`: executions a long-poll has waited for; only their
+  ends are announced on `fencepost_ended` (a NOTIFY serializes commits, so
+  ends nobody waits for send none).
 - `executions.traceparent`: the W3C trace context of the admission, the parent
   of every delivery's span (app/tracing.py).
 - `operations` / `operation_items`: a bulk action (cancel, redrive, resume,
@@ -94,6 +97,16 @@ def upgrade() -> None:
                                 ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('operation_id', 'execution_id', name=op.f('pk_operation_items')),
     )
+    op.create_table(
+        'watched_executions',
+        sa.Column('execution_id', sa.Text(), nullable=False),
+        sa.Column('since', sa.DateTime(timezone=True), server_default=sa.text('now()'),
+                  nullable=False),
+        sa.ForeignKeyConstraint(['execution_id'], ['executions.execution_id'],
+                                name=op.f('fk_watched_executions_execution_id'),
+                                ondelete='CASCADE'),
+        sa.PrimaryKeyConstraint('execution_id', name=op.f('pk_watched_executions')),
+    )
     op.create_index('ix_operation_items_pending', 'operation_items',
                     ['operation_id', 'execution_id'],
                     postgresql_where=sa.text("status = 'pending'"))
@@ -101,6 +114,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index('ix_operation_items_pending', table_name='operation_items')
+    op.drop_table('watched_executions')
     op.drop_table('operation_items')
     op.drop_table('operations')
     op.drop_index('ix_executions_forked_from', table_name='executions')

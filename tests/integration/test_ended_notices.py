@@ -1,8 +1,9 @@
-"""Every statement that ends an execution names it on ENDED_CHANNEL (payload:
-the execution ID) at commit — acknowledgements, cancel and terminate, the
-settling of a released or reaped lease, the sweep, an effect parked after a
-cancel — so a long-poll waiter learns of an end without polling. A
-statement that ends nothing sends no notice."""
+"""Every statement that ends an execution a long-poll waits for
+(watched_executions) names it on ENDED_CHANNEL (payload: the execution ID) at
+commit — acknowledgements, cancel and terminate, the settling of a released
+or reaped lease, the sweep, an effect parked after a cancel — so the waiter
+learns of the end without polling. An end nobody waits for, and a statement
+that ends nothing, send no notice (a NOTIFY serializes commits)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ async def _next(got: asyncio.Queue) -> str:
 
 async def _claimed(store: ExecutionStore, eid: str, **admit):
     await store.admit(workflow_id="w", params={}, execution_id=eid, **admit)
+    await store.watch_execution(eid)
     [d] = [d for d in await store.claim_due(10, 30, "me", ["w"], [30.0])
            if d.lease.execution_id == eid]
     return d.lease
@@ -45,14 +47,19 @@ async def test_acknowledgements_name_what_they_end(store, heard) -> None:
         assert await _next(heard) == f"ack-{status}"
     lease = await _claimed(store, "ack-suspended")
     await store.acknowledge(lease, "suspended")
+    await store.admit(workflow_id="w", params={}, execution_id="unwatched")
+    await store.terminate("unwatched", "t")
     await store.admit(workflow_id="w", params={}, execution_id="marker")
+    await store.watch_execution("marker")
     await store.terminate("marker", "t")
-    assert await _next(heard) == "marker"  # nothing for the suspension before it
+    # Nothing for the suspension, nor for the end nobody waited for.
+    assert await _next(heard) == "marker"
 
 
 async def test_cancel_terminate_settle_sweep_and_park_name_what_they_end(store, pool,
                                                                         heard) -> None:
     await store.admit(workflow_id="w", params={}, execution_id="never-ran")
+    await store.watch_execution("never-ran")
     await store.request_cancel("never-ran", "t")
     assert await _next(heard) == "never-ran"
 

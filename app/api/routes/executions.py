@@ -307,6 +307,8 @@ async def get_execution(
     if wait_seconds > 0:
         # Registered before the read: an end after it wakes this waiter.
         with request.app.state.waiters.watch(execution_id) as ended:
+            # Before the read: an end committed after the read is announced.
+            await store.watch_execution(execution_id)
             row = await read()
             if row["status"] not in TERMINAL_STATUSES:
                 if not await wait_or_gone(ended, wait_seconds, request.receive):
