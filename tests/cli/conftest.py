@@ -24,12 +24,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.cli import flows as cli_flows
-from tests.support.live_server import ServerThread
+from tests.support.live_server import ServerThread, server_factory
 from tests.support.processes import REPO_ROOT
 from tests.support.timing import QUICK
 from tests.support.workers import InProcessWorkers
@@ -52,18 +51,8 @@ def store(pool, cli_settings) -> ExecutionStore:
 
 @pytest_asyncio.fixture
 async def make_server(cli_settings, flows) -> AsyncIterator:
-    servers: list[ServerThread] = []
-
-    async def make(settings: Settings | None = None) -> ServerThread:
-        app = create_app(settings or cli_settings, flows)
-        srv = ServerThread(app, name="cli-test-server")
-        srv.app = app
-        servers.append(srv)
-        return await srv.start()
-
-    yield make
-    for srv in servers:
-        await srv.stop()
+    async with server_factory(cli_settings, flows, name="cli-test-server") as make:
+        yield make
 
 
 @pytest_asyncio.fixture

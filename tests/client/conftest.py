@@ -21,11 +21,10 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
-from tests.support.live_server import ServerThread
+from tests.support.live_server import ServerThread, server_factory
 from tests.support.timing import QUICK
 from tests.support.workers import InProcessWorkers
 
@@ -47,18 +46,8 @@ def store(pool, client_settings) -> ExecutionStore:
 
 @pytest_asyncio.fixture
 async def make_server(client_settings) -> AsyncIterator:
-    servers: list[ServerThread] = []
-
-    async def make(settings: Settings | None = None, workflows=None, wrap=None) -> ServerThread:
-        app = create_app(settings or client_settings, workflows)
-        srv = ServerThread(wrap(app) if wrap else app, name="client-test-server")
-        srv.app = app
-        servers.append(srv)
-        return await srv.start()
-
-    yield make
-    for srv in servers:
-        await srv.stop()
+    async with server_factory(client_settings, name="client-test-server") as make:
+        yield make
 
 
 @pytest_asyncio.fixture

@@ -5,6 +5,7 @@ browsers reach it like any server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 
@@ -42,3 +43,28 @@ class ServerThread:
         self.server.should_exit = True
         await asyncio.to_thread(self.thread.join, 15)
         self.sock.close()
+
+
+@contextlib.asynccontextmanager
+async def server_factory(default_settings, default_workflows=None, *,
+                         name: str = "test-server"):
+    """`make(settings=None, workflows=None, wrap=None)`: the real app served by
+    a ServerThread (`wrap(app)`, an ASGI wrap, if given; `srv.app` is the app);
+    every server made is stopped on exit."""
+    from app.api.app import create_app
+
+    made: list[ServerThread] = []
+
+    async def make(settings=None, workflows=None, wrap=None) -> ServerThread:
+        app = create_app(settings or default_settings,
+                         workflows if workflows is not None else default_workflows)
+        srv = ServerThread(wrap(app) if wrap else app, name=name)
+        srv.app = app
+        made.append(srv)
+        return await srv.start()
+
+    try:
+        yield make
+    finally:
+        for srv in made:
+            await srv.stop()
