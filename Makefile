@@ -1,4 +1,5 @@
-# fencepost developer entry points. `make test` is what CI runs (.ci/run).
+# fencepost developer entry points. `make test` is what CI runs (.ci/run): lint
+# and types first (`make lint` alone takes seconds), then the whole suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -40,11 +41,14 @@ promtool:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    prometheus >/dev/null; }
 
-test: venv browser node promtool
+test: venv lint browser node promtool
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# ruff, then mypy over the whole app package (configuration in pyproject.toml);
+# either one's findings fail the target.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy app
 
 dev: venv
 	$(BIN)/fencepost dev
