@@ -74,10 +74,10 @@ def require_database_url(settings: Settings, command: str) -> str:
 
 
 def _tooling(module: str, name: str) -> Callable:
-    """`app.<module>.<name>`, imported when the command runs: the measuring
+    """`app.tools.<module>.<name>`, imported when the command runs: the measuring
     tools (and their workflows) stay out of `fencepost api` / `worker`."""
     def call(*args):
-        return getattr(importlib.import_module(f"app.{module}"), name)(*args)
+        return getattr(importlib.import_module(f"app.tools.{module}"), name)(*args)
     return call
 
 

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from app.db import asyncpg_dsn
-from app.soak import _verify
+from app.tools.soak_verify import verify
 
 STEPS = ("one", "pause", "two", "three")
 
@@ -79,7 +79,7 @@ async def test_a_clean_history_passes_every_check(conn):
                   _step("two", 3), _step("three", 3), _ack("completed", 3))
     await _step_rows(conn, "r-2", {"one": 1, "pause": 1, "two": 3, "three": 3})
 
-    v = await _verify(conn, "r-%", ["r-1", "r-2"])
+    v = await verify(conn, "r-%", ["r-1", "r-2"])
     assert v["completions"] == 2 and v["non_terminal"] == 0
     assert v["leases_taken_over"] == 2 and v["leases_expired"] == 2
     assert v["stale_writes_rejected"] == 1
@@ -120,7 +120,7 @@ async def test_violations_are_counted(conn):
     await _execution(conn, "other-1", "admitted")
     await _events(conn, "other-1", ("claimed", 1), ("claimed", 2), _step("one", 1))
 
-    v = await _verify(conn, "r-%", [f"r-{i}" for i in range(1, 9)])
+    v = await verify(conn, "r-%", [f"r-{i}" for i in range(1, 9)])
     stale = {(r["execution_id"], r["why"]) for r in v["_examples"]["stale"]}
     assert stale == {
         ("r-1", "after a newer claim"),

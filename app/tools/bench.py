@@ -347,7 +347,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         url = server.url
     asyncio.run(upgrade(url))
     port = _free_port()
-    env = {"FENCEPOST_WORKFLOWS": "app.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
+    env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
     devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
     options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
                "env_extra": env, "log_level": "warning", "stderr": devnull}
