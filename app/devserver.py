@@ -66,9 +66,11 @@ def child_env(url: str, env_extra: dict[str, str] | None = None) -> dict[str, st
     return {**os.environ, "DATABASE_URL": url, "FENCEPOST_AUTH": "disabled", **(env_extra or {})}
 
 
-def describe(child: subprocess.Popen) -> str:
+def describe(child: subprocess.Popen[bytes]) -> str:
     """`worker <worker ID>` or `api`, for log lines about a child."""
-    args = list(child.args)
+    raw = child.args
+    args = ([os.fsdecode(raw)] if isinstance(raw, str | bytes | os.PathLike)
+            else [os.fsdecode(a) for a in raw])
     if "--worker-id" in args:
         return f"worker {args[args.index('--worker-id') + 1]}"
     return "api" if "api" in args else " ".join(args[3:5])

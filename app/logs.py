@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 FORMATS = ("json", "console")
 
@@ -22,14 +24,14 @@ FORMATS = ("json", "console")
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
-def _add_request_id(_, __, event_dict: dict) -> dict:
+def _add_request_id(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     request_id = REQUEST_ID.get()
     if request_id is not None:
         event_dict.setdefault("request_id", request_id)
     return event_dict
 
 
-def _drop_color_message(_, __, event_dict: dict) -> dict:
+def _drop_color_message(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     event_dict.pop("color_message", None)  # uvicorn's ANSI copy of the message
     return event_dict
 
@@ -40,7 +42,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
-    pre_chain = [
+    pre_chain: list[Processor] = [
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -62,12 +64,12 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         logging.getLogger(name).propagate = True
 
 
-class Fields(logging.LoggerAdapter):
+class Fields(logging.LoggerAdapter[logging.Logger]):
     """A logger that adds fixed fields (e.g. worker_id) to every record and
     merges them with the call's own `extra=`."""
 
-    def process(self, msg, kwargs):
-        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
         return msg, kwargs
 
 

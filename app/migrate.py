@@ -33,7 +33,10 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def head_revision() -> str:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:  # only with no revision files at all: a broken install
+        raise RuntimeError(f"no schema revisions in {MIGRATIONS}")
+    return head
 
 
 def known_revisions() -> set[str]:

@@ -185,6 +185,7 @@ def _body(**fields: Any) -> dict[str, Any]:
 
 def cmd_list(fp: Client, args: argparse.Namespace) -> Any:
     query = _body(status=args.status, workflowId=args.workflow)
+    page: dict[str, Any]  # the API's page: {"executions": [...], "nextCursor": ...}
     if args.all:
         executions = list(fp.list(**query, limit=MAX_PAGE))
         page = {"executions": executions, "nextCursor": None}

@@ -49,12 +49,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
+
 from app.db import create_pool
 from app.reaper import LeaseReaper
 from app.registry import WorkflowDefinition, load_workflows
 from app.sdk import SignalSender
 from app.settings import Settings
 from app.store import Admitted, ExecutionStore
+from app.store.signals import SignalSender as StoredSender
 from app.worker import Worker
 
 __all__ = ["ExecutionFailed", "WorkflowEnvironment", "TERMINAL"]
@@ -68,7 +71,7 @@ class ExecutionFailed(Exception):  # noqa: N818 - named for what happened
     `status` ("failed", "cancelled", "timed_out") and the recorded `error`
     ({"name", "message", ...})."""
 
-    def __init__(self, execution_id: str, status: str, error: dict | None):
+    def __init__(self, execution_id: str, status: str, error: dict[str, Any] | None):
         self.execution_id, self.status, self.error = execution_id, status, error or {}
         super().__init__(f"{execution_id} ended {status}: {self.error.get('name')}: "
                          f"{self.error.get('message')}")
@@ -95,22 +98,29 @@ class WorkflowEnvironment:
         self.started: list[str] = []
         self.skipped = timedelta(0)  # total time skipped so far
         self._replaced: list[tuple[Any, str, Any]] = []
-        self._pool = None
-        self.store: ExecutionStore | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._store: ExecutionStore | None = None
         self.worker: Worker | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> ExecutionStore:
+        """The store on the environment's pool, from `async with` on."""
+        if self._store is None:
+            raise RuntimeError("the environment is not open: use `async with WorkflowEnvironment(...)`")
+        return self._store
 
     # ------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> WorkflowEnvironment:
-        self._pool = await create_pool(self.settings, min_size=1, max_size=4)
-        self.store = ExecutionStore.from_settings(self._pool, self.settings)
+        self._pool = pool = await create_pool(self.settings, min_size=1, max_size=4)
+        self._store = ExecutionStore.from_settings(pool, self.settings)
         self.worker = Worker(self.settings, self.workflows, concurrency=self.concurrency,
                              worker_id=self.worker_id)
         self._task = asyncio.create_task(self.worker.run(), name=f"worker {self.worker_id}")
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         try:
             if self.worker is not None:
                 self.worker.request_stop()
@@ -135,7 +145,7 @@ class WorkflowEnvironment:
 
     async def start(self, workflow_id: str, params: Any = None, *, execution_id: str | None = None,
                     timeout: float | timedelta | None = None, deadline: datetime | None = None,
-                    context: dict | None = None) -> str:
+                    context: dict[str, Any] | None = None) -> str:
         """Admit an execution as the API does (params validated by the
         workflow's model, its default `timeout=`, its `version`); returns its ID."""
         definition = self.workflows.get(workflow_id)
@@ -170,7 +180,9 @@ class WorkflowEnvironment:
         if definition is not None and not definition.may_signal(name, {sender.role}):
             raise PermissionError(f"{record['workflow_id']!r} does not accept signal {name!r} "
                                   f"from role {sender.role!r}")
-        answer, detail = await self.store.send_signal(execution_id, name, payload, sender=sender)
+        answer, detail = await self.store.send_signal(
+            execution_id, name, payload,
+            sender=StoredSender(sender.token_id, sender.name, sender.role))
         if answer != "received":
             raise RuntimeError(f"signal {name!r} to {execution_id!r} not delivered: {answer} {detail}")
 
@@ -183,13 +195,14 @@ class WorkflowEnvironment:
         """Cancel with no code run, as `POST /v1/executions/{id}/terminate` does."""
         return await self.store.terminate(execution_id, by="test")
 
-    async def get(self, execution_id: str) -> dict:
+    async def get(self, execution_id: str) -> dict[str, Any]:
         record = await self.store.get(execution_id)
         if record is None:
             raise KeyError(f"no execution {execution_id!r}")
         return record
 
-    async def wait_status(self, execution_id: str, *statuses: str, timeout: float = 10.0) -> dict:
+    async def wait_status(self, execution_id: str, *statuses: str,
+                          timeout: float = 10.0) -> dict[str, Any]:
         """The record once its status is one of `statuses` (wall-clock `timeout`)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
@@ -203,7 +216,7 @@ class WorkflowEnvironment:
                                    f"wanted {statuses}")
             await asyncio.sleep(0.01)
 
-    async def wait_suspended(self, execution_id: str, timeout: float = 10.0) -> dict:
+    async def wait_suspended(self, execution_id: str, timeout: float = 10.0) -> dict[str, Any]:
         """Once the execution waits (a sleep, a signal, a child) or has ended."""
         return await self.wait_status(execution_id, "suspended", *TERMINAL, timeout=timeout)
 

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
@@ -36,6 +36,8 @@ log = logging.getLogger("fencepost.api")
 Kind = Literal["admissions", "signals"]
 _KIND_INDEX = {"admissions": 0, "signals": 1}
 _WHAT = {"admissions": "admit executions", "signals": "send signals"}
+# {token_id: (admissions_per_minute, signals_per_minute)}, None where unlimited.
+Limits = dict[str, tuple[int | None, int | None]]
 
 RATE_LIMITED = {
     429: {"model": ErrorBody,
@@ -71,23 +73,23 @@ class Bucket:
 class QuotaLimiter:
     """One per API process (app.state.quotas)."""
 
-    def __init__(self, load: Callable, *, refresh_seconds: float = 5.0, processes: int = 1,
+    def __init__(self, load: Callable[[], Awaitable[Limits]], *, refresh_seconds: float = 5.0, processes: int = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._load = load  # async () -> {token_id: (admissions_per_minute, signals_per_minute)}
+        self._load = load
         self.refresh_seconds = refresh_seconds
         self.processes = processes
         self._clock = clock
-        self._limits: dict[str, tuple[int | None, int | None]] = {}
+        self._limits: Limits = {}
         self._buckets: dict[tuple[str, str], Bucket] = {}
         self._loaded_at: float | None = None
-        self._refresh: asyncio.Future | None = None
+        self._refresh: asyncio.Future[None] | None = None
         self.refreshes = 0  # snapshots read from Postgres (tests and diagnostics)
 
     def _share(self, per_minute: int) -> tuple[float, float]:
         share = per_minute / self.processes
         return max(1.0, share), share / 60.0
 
-    def _apply(self, limits: dict[str, tuple[int | None, int | None]]) -> None:
+    def _apply(self, limits: Limits) -> None:
         now = self._clock()
         self._limits = limits
         for key in list(self._buckets):
@@ -139,7 +141,7 @@ class QuotaLimiter:
         return None if limits is None else limits[_KIND_INDEX[kind]]
 
 
-def _log_failure(future: asyncio.Future) -> None:
+def _log_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         # The previous snapshot stays in force; the next request tries again.
         exc = future.exception()
@@ -161,15 +163,16 @@ def limiter(request: Request) -> QuotaLimiter:
 
 async def enforce(request: Request, principal: Principal, kind: Kind) -> None:
     quotas = limiter(request)
-    wait = await quotas.check(principal.token_id, kind)
-    if wait > 0:
+    token_id = principal.token_id
+    wait = await quotas.check(token_id, kind)
+    if wait > 0 and token_id is not None:  # only a token has a quota to wait for
         seconds = max(1, math.ceil(wait))
-        per_minute = quotas.limit(principal.token_id, kind)
+        per_minute = quotas.limit(token_id, kind)
         raise ApiError(
             429, "RATE_LIMITED",
             f"token {principal.name!r} may {_WHAT[kind]} {per_minute} times per minute and has "
             f"used that up; retry after {seconds} seconds, or ask an operator to raise it "
-            f"(`fencepost tokens quota {principal.token_id} --{kind}-per-minute N`)",
+            f"(`fencepost tokens quota {token_id} --{kind}-per-minute N`)",
             headers={"Retry-After": str(seconds)},
         )
 

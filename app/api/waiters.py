@@ -21,6 +21,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 
@@ -42,7 +43,7 @@ class Waiters:
         self.recheck_seconds = recheck_seconds
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._recheck_now = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._closing = False  # the process is stopping: nobody waits any more
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -54,8 +55,11 @@ class Waiters:
         return sum(len(events) for events in self._waiting.values())
 
     def start(self) -> None:
+        if not self.settings.database_url:  # the API's pool, created first, refuses too
+            raise RuntimeError("DATABASE_URL is not set")
+        dsn = asyncpg_dsn(self.settings.database_url)
         self.loop = asyncio.get_running_loop()
-        self._tasks = [asyncio.create_task(self._listen(), name="waiters: listen"),
+        self._tasks = [asyncio.create_task(self._listen(dsn), name="waiters: listen"),
                        asyncio.create_task(self._recheck(), name="waiters: re-check")]
 
     async def stop(self) -> None:
@@ -103,9 +107,8 @@ class Waiters:
         for event in self._waiting.get(execution_id, ()):
             event.set()
 
-    async def _listen(self) -> None:
+    async def _listen(self, dsn: str) -> None:
         delay = 0.2
-        dsn = asyncpg_dsn(self.settings.database_url)
         while not self._stopping:
             conn = None
             try:
@@ -155,7 +158,7 @@ class Waiters:
 
 
 async def wait_or_gone(ended: asyncio.Event, seconds: float,
-                       receive: Callable[[], Awaitable[dict]]) -> bool:
+                       receive: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
     """Wait until `ended` is set or `seconds` pass (False when the client
     disconnected first: its request needs no answer)."""
 
