@@ -19,11 +19,11 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from app import tracing
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
@@ -36,11 +36,13 @@ from app.store import (
     Lease,
     LeaseLost,
     StepRecord,
-    TransactionFailed,
 )
+from app.store.compose import TransactionFailed
 from app.store.signals import signal_function_name
 
 log = logging.getLogger("fencepost.sdk")
+
+T = TypeVar("T")
 
 __all__ = [
     "workflow",
@@ -73,7 +75,7 @@ class StepFailed(Exception):
     """A step exhausted its attempts (now, or in an earlier delivery: the
     failure is recorded and replayed identically)."""
 
-    def __init__(self, step_key: str, error: dict):
+    def __init__(self, step_key: str, error: dict[str, Any]):
         self.step_key = step_key
         self.error_name = error.get("name", "Error")
         self.error_message = error.get("message", "")
@@ -125,7 +127,8 @@ class ReceivedSignal:
         sender = value.get("sender")
         return cls(
             value.get("payload"),
-            SignalSender(sender.get("tokenId"), sender.get("name"), sender.get("role"))
+            # The store writes all three keys (tokenId null without authentication).
+            SignalSender(sender["tokenId"], sender["name"], sender["role"])
             if isinstance(sender, dict) else None,
         )
 
@@ -158,7 +161,7 @@ class ChildFailed(Exception):  # noqa: N818
     """A child workflow ended without completing (failed, cancelled or
     timed out); carries the child's error name and message."""
 
-    def __init__(self, child_id: str, status: str, error: dict):
+    def __init__(self, child_id: str, status: str, error: dict[str, Any]):
         self.child_id = child_id
         self.child_status = status
         self.error_name = error.get("name", "Error")
@@ -232,16 +235,17 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 ERROR_MESSAGE_CHARS = 4000
 
 
-def error_of(exc: BaseException) -> dict:
+def error_of(exc: BaseException) -> dict[str, Any]:
     message = str(exc)
     if len(message) > ERROR_MESSAGE_CHARS:
         message = message[:ERROR_MESSAGE_CHARS] + f"... ({len(message)} characters)"
     return {"name": type(exc).__name__, "message": message}
 
 
-def _function_name(fn: Callable) -> str:
+def _function_name(fn: Callable[..., Any]) -> str:
     target = getattr(fn, "func", fn)  # functools.partial
-    return getattr(target, "__qualname__", None) or type(target).__name__
+    name: str = getattr(target, "__qualname__", None) or type(target).__name__
+    return name
 
 
 def json_problem(value: Any) -> str | None:
@@ -297,7 +301,7 @@ class WorkflowContext:
         # Deliveries so far, this one included: every claim increments the token.
         self.attempt: int = delivery.lease.token
         self.deadline: datetime | None = delivery.deadline
-        self.suspended_on: dict | None = None
+        self.suspended_on: dict[str, Any] | None = None
         # "cancel" / "deadline", known at the claim (a cleanup delivery) or
         # learned from a fenced write or a renewal; raised into the workflow
         # once, at its first call that is not a replay (the frontier), and
@@ -341,7 +345,7 @@ class WorkflowContext:
         if self.suspended_on is not None:
             raise Suspend("the delivery is suspending")
 
-    def _suspend(self, on: dict, why: str) -> NoReturn:
+    def _suspend(self, on: dict[str, Any], why: str) -> NoReturn:
         """End this delivery `suspended`, waiting on `on` (the first wait to
         suspend stands)."""
         self._gate(wait=True)
@@ -362,7 +366,7 @@ class WorkflowContext:
 
     # ------------------------------------------------------------------ steps
 
-    async def step(self, key: str, fn: Callable, *args: Any, retry: RetryPolicy | None = None,
+    async def step(self, key: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
                    timeout: float | timedelta | None = None, **kwargs: Any) -> Any:
         """Run `fn` once and record its JSON result; on replay return the record.
         `timeout` (default: the workflow's `step_timeout`) bounds each attempt:
@@ -394,8 +398,8 @@ class WorkflowContext:
             METRICS.step_seconds.labels(self.workflow_id).observe(time.perf_counter() - started)
             return self._settled(await self._record_value(key, name, attempt, value))
 
-    async def _attempt(self, key: str, fn: Callable, args: tuple, kwargs: dict,
-                       limit: float | None) -> Any:
+    async def _attempt(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                       kwargs: dict[str, Any], limit: float | None) -> Any:
         """One call of a step function, bounded by `limit` seconds (StepTimeout)."""
         if limit is None:
             return await _call(fn, args, kwargs)
@@ -420,15 +424,16 @@ class WorkflowContext:
             value = await value
         return value
 
-    def _abandoned_step_ended(self, key: str, thread: asyncio.Future) -> None:
+    def _abandoned_step_ended(self, key: str, thread: asyncio.Future[Any]) -> None:
         if thread.cancelled():
             return
         exc = thread.exception()
         value, error = (None, error_of(exc)) if exc is not None else (thread.result(), None)
         _in_background(self._observe_late(key, value, error))
 
-    async def effect(self, key: str, fn: Callable, *args: Any, idempotency_key: str | None = None,
-                     idempotent: bool = False, reconcile: Callable | None = None,
+    async def effect(self, key: str, fn: Callable[..., Any], *args: Any,
+                     idempotency_key: str | None = None,
+                     idempotent: bool = False, reconcile: Callable[[str], Any] | None = None,
                      transport_errors_unknown: bool = True, retry: RetryPolicy | None = None,
                      **kwargs: Any) -> Any:
         """Call something outside the database whose outcome must not be
@@ -507,7 +512,7 @@ class WorkflowContext:
                                                         error=error_of(exc)))
             return self._settled(await self._record_value(key, name, attempts, value))
 
-    async def transaction(self, key: str, fn: Callable, *args: Any,
+    async def transaction(self, key: str, fn: Callable[..., Awaitable[Any]], *args: Any,
                           retry: RetryPolicy | None = None) -> Any:
         """Run `await fn(conn, *args)` inside the very transaction that checks
         this delivery's token and records the step's receipt: the function's
@@ -567,8 +572,10 @@ class WorkflowContext:
         ExecutionIdConflict)."""
         self._live()
         recorded = self._take(key, f"child:{workflow_id}")
+        child: str  # the step's recorded value is the child's execution ID
         if recorded is not None:
-            return self._replay(recorded)
+            child = self._replay(recorded)
+            return child
         self._gate()
         child_id = execution_id or f"{self.execution_id}{SYSTEM_ID_SEPARATOR}{key}"
         definition = self._workflows.get(workflow_id)
@@ -594,10 +601,12 @@ class WorkflowContext:
                 "name": "ExecutionIdConflict",
                 "message": f"execution {child_id!r} {taken} and is not this step's child",
             }
-            return self._settled(await self._record(key, f"child:{workflow_id}", 1, error=error))
+            child = self._settled(await self._record(key, f"child:{workflow_id}", 1, error=error))
+            return child
         # "existing": the child this step started before (under whatever ID) stands.
         started = detail.get("executionId", child_id) if answer == "existing" else child_id
-        return self._settled(await self._record(key, f"child:{workflow_id}", 1, value=started))
+        child = self._settled(await self._record(key, f"child:{workflow_id}", 1, value=started))
+        return child
 
     async def wait_for_child(self, key: str, child_id: str) -> Any:
         """The child's result once it has ended (recorded as step `key`); the
@@ -613,7 +622,9 @@ class WorkflowContext:
                 error = {"name": "ChildNotFound", "message": f"no execution {child_id!r}"}
                 recorded = await self._record(key, "child-wait", 1, error=error)
             elif status == "completed":
-                recorded = await self._record(key, "child-wait", 1, value=outcome["result"])
+                # A completed execution's outcome, written with its status, is {"result": ...}.
+                recorded = await self._record(key, "child-wait", 1,
+                                              value=(outcome or {})["result"])
             elif status in ("failed", "cancelled", "timed_out"):
                 error = {"name": "ChildFailed", "message": f"child {child_id!r} ended {status}",
                          "childStatus": status, "childError": (outcome or {}).get("error", {})}
@@ -622,9 +633,10 @@ class WorkflowContext:
                 self._suspend({"child": child_id}, f"waiting for child {child_id!r}")
         self.notice(recorded.interrupt)
         self._steps[key] = recorded
-        if recorded.status == "failed" and (recorded.error or {}).get("name") == "ChildFailed":
-            raise ChildFailed(child_id, recorded.error.get("childStatus", "failed"),
-                              recorded.error.get("childError") or {})
+        failure = recorded.error or {}
+        if recorded.status == "failed" and failure.get("name") == "ChildFailed":
+            raise ChildFailed(child_id, failure.get("childStatus", "failed"),
+                              failure.get("childError") or {})
         return self._settled(recorded)
 
     async def sleep(self, key: str, duration: float | timedelta) -> None:
@@ -657,7 +669,7 @@ class WorkflowContext:
         raised here."""
         self._live()
         generated = key is None
-        if generated:
+        if key is None:
             n = self._signal_waits[name] = self._signal_waits.get(name, 0) + 1
             key = f"signal:{name}" if n == 1 else f"signal:{name}#{n}"
         fname = signal_function_name(name, with_sender)
@@ -720,13 +732,14 @@ class WorkflowContext:
         return record.value
 
     async def _effect_answer_after_stop(self, key: str, name: str, attempts: int,
-                                        call: asyncio.Future, transport_errors_unknown: bool,
+                                        call: asyncio.Future[Any], transport_errors_unknown: bool,
                                         wait: float = 10.0) -> None:
         """The delivery was stopped while an effect was in flight: wait
         (bounded) for the remote answer. While the lease still holds (the
         worker is shutting down) a known answer is recorded as the step, so
         the next delivery does not park an outcome this worker saw; once the
         lease is known lost it is only kept as a late observation."""
+        error: dict[str, Any] | None
         try:
             value = await asyncio.wait_for(call, timeout=wait)
         except Exception as exc:  # noqa: BLE001 - any answer is evidence
@@ -745,7 +758,7 @@ class WorkflowContext:
                 return  # lost after all: _fenced kept the answer as evidence
         await self._observe_late(key, value, error)
 
-    async def _observe_late(self, key: str, value: Any, error: dict | None) -> None:
+    async def _observe_late(self, key: str, value: Any, error: dict[str, Any] | None) -> None:
         """A call's answer (value or error, None included) kept as evidence."""
         await keep_late_observation(self._store, self._lease, key, value, error, observed=True)
 
@@ -778,7 +791,7 @@ class WorkflowContext:
             return await self._record(key, name, attempts, error=error)
         return await self._record(key, name, attempts, value=value)
 
-    async def _may_retry(self, key: str, name: str, attempts: int, exc: Exception,
+    async def _may_retry(self, key: str, name: str, attempts: int, exc: BaseException,
                          policy: RetryPolicy, tried: int) -> bool:
         """After a failed attempt (kept in the step's history): True once the
         policy's delay has passed and another attempt may run; False when the
@@ -821,7 +834,7 @@ class WorkflowContext:
         return record.value
 
     async def _record(self, key: str, function_name: str, attempts: int, *, value: Any = None,
-                      error: dict | None = None) -> StepRecord:
+                      error: dict[str, Any] | None = None) -> StepRecord:
         try:
             return await self._fenced(
                 self._store.write_step(
@@ -838,8 +851,8 @@ class WorkflowContext:
             bad = {"name": "StepResultNotJSON", "message": f"step {key!r}: {exc}"}
             return await self._record(key, function_name, attempts, error=bad)
 
-    async def _fenced(self, write, key: str, *, value: Any = None, error: dict | None = None,
-                      observed: bool = False):
+    async def _fenced(self, write: Awaitable[T], key: str, *, value: Any = None,
+                      error: dict[str, Any] | None = None, observed: bool = False) -> T:
         """Await a store call. A lost lease latches the delivery stopped and
         keeps the step's result (`observed`: value / error are one) as
         evidence; a database failure (judged by SQLSTATE class) latches it
@@ -911,10 +924,10 @@ class WorkflowContext:
 TRANSACTION_CONFLICT_RETRIES = 5
 
 # Tasks nobody awaits (evidence of abandoned calls), kept from the collector.
-_BACKGROUND: set[asyncio.Future] = set()
+_BACKGROUND: set[asyncio.Future[None]] = set()
 
 
-def _in_background(coro) -> None:
+def _in_background(coro: Coroutine[Any, Any, None]) -> None:
     task = asyncio.ensure_future(coro)
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
@@ -928,7 +941,7 @@ def _outcome_unknown(exc: BaseException, transport_errors_unknown: bool) -> bool
 
 
 async def keep_late_observation(store: ExecutionStore, lease: Lease, key: str | None,
-                                value: Any, error: dict | None, *,
+                                value: Any, error: dict[str, Any] | None, *,
                                 observed: bool | None = None) -> None:
     """Keep what a stale, stopped or abandoned call answered, as evidence only
     (never applied), and count it; the store compares it with what was
@@ -947,7 +960,7 @@ async def keep_late_observation(store: ExecutionStore, lease: Lease, key: str | 
         METRICS.integrity_conflicts.inc()
 
 
-async def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Await async functions; run sync ones in a thread so they cannot block
     the dispatcher's event loop."""
     if inspect.iscoroutinefunction(fn):
