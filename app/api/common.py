@@ -3,44 +3,52 @@ validation errors in the one error shape, documented error responses."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import Depends, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.api.errors import ApiError, not_found
 from app.api.json_body import check_content_type, parse_json, read_body
 from app.api.models import ErrorBody
+from app.commands.errors import UNSTORABLE_TEXT, invalid
+from app.commands.redrive import check_params
+
+
+def refusal(description: str) -> dict:
+    """A documented error response: the one error body, and which codes
+    (with when) the status stands for."""
+    return {"model": ErrorBody, "description": description}
+
 
 # 401 on every authenticated route; 403 only on routes some role may not use
 # (a documented status must be one a request can produce).
 UNAUTHENTICATED = {
-    401: {"model": ErrorBody, "description": "UNAUTHENTICATED: no valid API token"},
+    401: refusal("UNAUTHENTICATED: no valid API token"),
 }
 FORBIDDEN = {
-    403: {"model": ErrorBody, "description": "FORBIDDEN: the token's role does not allow this"},
+    403: refusal("FORBIDDEN: the token's role does not allow this"),
 }
 AUTH_ERRORS = {**UNAUTHENTICATED, **FORBIDDEN}
 
 ERRORS = {
-    400: {"model": ErrorBody, "description": "MALFORMED_JSON"},
-    408: {"model": ErrorBody, "description": "REQUEST_TIMEOUT: the body did not arrive in time "
-          "(FENCEPOST_BODY_TIMEOUT_SECONDS)"},
-    413: {"model": ErrorBody, "description": "PAYLOAD_TOO_LARGE"},
-    415: {"model": ErrorBody, "description": "UNSUPPORTED_MEDIA_TYPE"},
-    422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_EXECUTION_EVENT: a "
+    400: refusal("MALFORMED_JSON"),
+    408: refusal("REQUEST_TIMEOUT: the body did not arrive in time "
+          "(FENCEPOST_BODY_TIMEOUT_SECONDS)"),
+    413: refusal("PAYLOAD_TOO_LARGE"),
+    415: refusal("UNSUPPORTED_MEDIA_TYPE"),
+    422: refusal("INVALID_REQUEST / INVALID_EXECUTION_EVENT: a "
           "malformed request / a value that cannot be stored exactly (NaN, NUL, duplicate keys, "
-          "too deep)"},
-    503: {"model": ErrorBody, "description": "DATABASE_UNAVAILABLE"},
+          "too deep)"),
+    503: refusal("DATABASE_UNAVAILABLE"),
 }
 INVALID_QUERY = {
-    422: {"model": ErrorBody, "description": "INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
-          "query parameter is malformed or out of range / not one this route takes"},
+    422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
+          "query parameter is malformed or out of range / not one this route takes"),
 }
 UNKNOWN_QUERY = {
-    422: {"model": ErrorBody, "description": "UNKNOWN_QUERY_PARAMETER: a query parameter this "
-          "route does not take"},
+    422: refusal("UNKNOWN_QUERY_PARAMETER: a query parameter this "
+          "route does not take"),
 }
 
 def _query_names(dependant) -> set[str]:
@@ -119,10 +127,7 @@ def _optional_body_schema(model) -> dict:
     }
 
 
-# Postgres text cannot hold NUL (nor lone surrogates, which do not encode as
-# UTF-8): no stored execution has such an ID, and sending one to Postgres
-# would fail with a DataError instead of answering.
-_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE_TEXT = UNSTORABLE_TEXT
 
 
 def _check_path_id(execution_id: str) -> None:
@@ -144,6 +149,16 @@ async def _optional_json(request: Request, settings) -> object | None:
     if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers:
         return None
     return await _json(request, settings)
+
+
+async def _optional_body(request: Request, settings, model: type[BaseModel]) -> BaseModel:
+    """An optional body (absent or `null`: no fields) read like `_json` and
+    validated as `model` (422 INVALID_REQUEST)."""
+    body = await _optional_json(request, settings)
+    try:
+        return model.model_validate(body if body is not None else {})
+    except ValidationError as exc:
+        raise invalid(exc, "INVALID_REQUEST") from None
 
 
 def owner_of(principal) -> str | None:
@@ -182,38 +197,11 @@ def outcome_for(principal, outcome):
     return {**outcome, "error": error_for(principal, outcome["error"])}
 
 
-def _invalid(exc: ValidationError, code: str = "INVALID_REQUEST",
-             prefix: str | None = None) -> ApiError:
-    head = [prefix] if prefix else []
-    problems = [
-        {"loc": head + [str(p) for p in e["loc"]], "message": e["msg"]} for e in exc.errors()
-    ]
-    first = problems[0]
-    where = ".".join(first["loc"]) or "body"
-    return ApiError(
-        422, code, f"{where}: {first['message']}; fix it and send the request again",
-        details=problems,
-    )
-
-
+_invalid = invalid
 
 
 def registered_workflow(request: Request, workflow_id: str, params: Any):
     """The workflow's definition with `params` checked against its model, or
     None when the API was started without a registry (any workflow is
     accepted then). 404 WORKFLOW_NOT_FOUND / 422 INVALID_PARAMS otherwise."""
-    definitions = request.app.state.workflows
-    if definitions is None:
-        return None
-    definition = definitions.get(workflow_id)
-    if definition is None:
-        raise ApiError(
-            404, "WORKFLOW_NOT_FOUND",
-            f"no workflow {workflow_id!r} is registered; registered: "
-            f"{', '.join(sorted(definitions)) or 'none'} (FENCEPOST_WORKFLOWS)",
-        )
-    try:
-        definition.parse_params(params)
-    except ValidationError as exc:
-        raise _invalid(exc, "INVALID_PARAMS", prefix="params") from None
-    return definition
+    return check_params(request.app.state.workflows, workflow_id, params)

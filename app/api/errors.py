@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.json_body import BodyError, error_body
+from app.commands.errors import CommandError, execution_not_found
 from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure, is_retryable_conflict
 
 log = logging.getLogger("fencepost.api")
@@ -26,15 +27,9 @@ log = logging.getLogger("fencepost.api")
 RETRY_AFTER_SECONDS = 2
 
 
-class ApiError(Exception):
-    def __init__(self, http_status: int, code: str, message: str, *,
-                 headers: dict | None = None, **extra: Any):
-        super().__init__(message)
-        self.http_status = http_status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.extra = extra
+# The API answers every refusal a command raises; ApiError is the same type
+# under the name the API's own checks use.
+ApiError = CommandError
 
 
 def error_response(http_status: int, code: str, message: str, headers: dict | None = None,
@@ -43,11 +38,7 @@ def error_response(http_status: int, code: str, message: str, headers: dict | No
 
 
 def not_found(execution_id: str) -> ApiError:
-    return ApiError(
-        404,
-        "EXECUTION_NOT_FOUND",
-        f"no execution with ID {execution_id!r}; check the ID, or admit it with POST /v1/executions",
-    )
+    return execution_not_found(execution_id)
 
 
 # Which errors mean "the database failed" is decided in one place,

@@ -3,7 +3,6 @@ out by workers in bounded batches; progress and failures per execution."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -20,7 +19,9 @@ from app.api.common import (
     _body_schema,
     _invalid,
     _json,
+    _optional_body,
     _optional_body_schema,
+    refusal,
 )
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
@@ -28,17 +29,22 @@ from app.api.models import (
     EXECUTION_ID_PATTERN,
     ID_PATTERN,
     Camel,
-    ErrorBody,
     Status,
     TimeString,
 )
-from app.api.routes.operations import ActorBody, StepError, _optional_body
+from app.api.routes.operations import ActorBody, StepError
+from app.commands.operations import OPERATION_ID as OPERATION_ID_RE
+from app.commands.operations import (
+    check_operation_id,
+    operation_not_found,
+    start_operation,
+    stop_operation,
+)
 
 router = APIRouter(prefix="/v1/operations", tags=["bulk operations"],
                    responses={**UNAUTHENTICATED, **FORBIDDEN})
 
-OPERATION_ID = r"^op-[0-9a-f]{16}$"
-
+OPERATION_ID = f"^{OPERATION_ID_RE.pattern}$"  # the documented path pattern
 
 class OperationFilter(Camel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
@@ -109,15 +115,6 @@ def _view(row: dict) -> dict:
     }
 
 
-def _check_operation_id(operation_id: str) -> None:
-    if not re.match(OPERATION_ID, operation_id):
-        raise _not_found(operation_id)
-
-
-def _not_found(operation_id: str) -> ApiError:
-    return ApiError(404, "OPERATION_NOT_FOUND", f"no operation {operation_id[:100]!r}")
-
-
 @router.post(
     "",
     status_code=202,
@@ -127,8 +124,7 @@ def _not_found(operation_id: str) -> ApiError:
     openapi_extra=_body_schema(OperationRequest),
     responses={**ERRORS,
                200: {"model": DryRun, "description": "dryRun: the count and a sample"},
-               422: {"model": ErrorBody,
-                     "description": "INVALID_REQUEST / TOO_MANY_MATCHED / INVALID_EXECUTION_EVENT"}},
+               422: refusal("INVALID_REQUEST / TOO_MANY_MATCHED / INVALID_EXECUTION_EVENT")},
 )
 async def create(request: Request, store: StoreDep, settings: SettingsDep, principal: Operator):
     body = await _json(request, settings)
@@ -157,27 +153,22 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
         if resolution.action == "fail" and resolution.error is None:
             raise ApiError(422, "INVALID_REQUEST", "resolution: fail needs error {name, message}")
         options = {"resolution": jsonable_encoder(resolution.model_dump(exclude_none=False))}
-    record = await store.create_operation(req.action, spec, by=actor(principal, req.by),
-                                          options=options, reason=req.reason,
-                                          max_matched=settings.max_operation_executions)
-    if record is None:
-        raise ApiError(422, "TOO_MANY_MATCHED",
-                       f"the filter matches more than {settings.max_operation_executions} "
-                       "executions (FENCEPOST_MAX_OPERATION_EXECUTIONS); narrow it (e.g. "
-                       "admittedFrom / admittedTo) and start several operations")
+    record = await start_operation(store, req.action, spec, actor(principal, req.by),
+                                   options=options, reason=req.reason,
+                                   max_matched=settings.max_operation_executions)
     return JSONResponse(jsonable_encoder(_view(record)), status_code=202,
                         headers={"Location": f"/v1/operations/{record['operation_id']}"})
 
 
 @router.get("/{operation_id}", response_model=OperationView,
             summary="An operation's progress and the executions it failed on",
-            responses={404: {"model": ErrorBody, "description": "OPERATION_NOT_FOUND"},
+            responses={404: refusal("OPERATION_NOT_FOUND"),
                        503: ERRORS[503]})
 async def get(operation_id: str, store: StoreDep, principal: Operator):
-    _check_operation_id(operation_id)
+    check_operation_id(operation_id)
     record = await store.get_operation(operation_id)
     if record is None:
-        raise _not_found(operation_id)
+        raise operation_not_found(operation_id)
     return _view(record)
 
 
@@ -187,19 +178,11 @@ async def get(operation_id: str, store: StoreDep, principal: Operator):
     response_model=OperationView,
     summary="Stop an operation: what is done stays done, the rest is not acted on",
     openapi_extra=_optional_body_schema(ActorBody),
-    responses={**ERRORS, 404: {"model": ErrorBody, "description": "OPERATION_NOT_FOUND"},
-               409: {"model": ErrorBody, "description": "OPERATION_FINISHED"}},
+    responses={**ERRORS, 404: refusal("OPERATION_NOT_FOUND"),
+               409: refusal("OPERATION_FINISHED")},
 )
 async def cancel(operation_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                  principal: Operator):
-    _check_operation_id(operation_id)
+    check_operation_id(operation_id)
     body = await _optional_body(request, settings, ActorBody)
-    answer, record = await store.cancel_operation(operation_id, actor(principal, body.by))
-    if answer == "not_found":
-        raise _not_found(operation_id)
-    if answer == "finished":
-        raise ApiError(409, "OPERATION_FINISHED",
-                       f"operation {operation_id!r} already {record['status']}; nothing to stop",
-                       status=record["status"])
-    return _view(record)
-
+    return _view(await stop_operation(store, operation_id, actor(principal, body.by)))

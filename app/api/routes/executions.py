@@ -26,6 +26,7 @@ from app.api.common import (
     _optional_json,
     outcome_for,
     owner_of,
+    refusal,
     registered_workflow,
 )
 from app.api.deps import SettingsDep, StoreDep, live_workflows
@@ -36,7 +37,6 @@ from app.api.models import (
     ID_PATTERN,
     Admission,
     AdmitRequest,
-    ErrorBody,
     ExecutionPage,
     ExecutionRecord,
     Status,
@@ -48,6 +48,7 @@ from app.api.models import (
 from app.api.quotas import RATE_LIMITED, AdmissionQuota
 from app.api.waiters import wait_or_gone
 from app.blocked import REASONS
+from app.commands import executions as commands
 from app.logs import REQUEST_ID
 from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
@@ -69,11 +70,10 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         200: {"model": ExecutionRecord,
               "description": "ifExists=return: the execution already admitted under this ID "
               "with this workflowId and equal params (nothing new admitted)"},
-        404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
-        409: {"model": ErrorBody, "description": "EXECUTION_ID_CONFLICT: names the existing execution"},
-        422: {"model": ErrorBody,
-              "description": "INVALID_REQUEST / INVALID_EXECUTION_EVENT / INVALID_PARAMS / "
-              "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"},
+        404: refusal("WORKFLOW_NOT_FOUND"),
+        409: refusal("EXECUTION_ID_CONFLICT: names the existing execution"),
+        422: refusal("INVALID_REQUEST / INVALID_EXECUTION_EVENT / INVALID_PARAMS / "
+              "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"),
         **RATE_LIMITED,
     },
 )
@@ -197,8 +197,8 @@ def _view(principal, row: dict, live: set[str]) -> dict:
     # Unset: an item's outcome, present only with include=outcome.
     response_model_exclude_unset=True,
     summary="List executions, newest first (keyset pagination)",
-    responses={422: {"model": ErrorBody, "description": "INVALID_REQUEST / INVALID_CURSOR / "
-                     "UNKNOWN_QUERY_PARAMETER"},
+    responses={422: refusal("INVALID_REQUEST / INVALID_CURSOR / "
+                     "UNKNOWN_QUERY_PARAMETER"),
                503: ERRORS[503]},
     dependencies=[STRICT_QUERY],
 )
@@ -283,8 +283,8 @@ async def list_executions(
     "/{execution_id}",
     response_model=ExecutionRecord,
     summary="Read one execution's record; with waitSeconds, as soon as it ends (long-poll)",
-    responses={404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"},
-               422: {"model": ErrorBody, "description": "INVALID_REQUEST"},
+    responses={404: refusal("EXECUTION_NOT_FOUND"),
+               422: refusal("INVALID_REQUEST"),
                503: ERRORS[503]},
 )
 async def get_execution(
@@ -325,7 +325,7 @@ async def get_execution(
     summary="Ask for a delivery at a time (default now); wakes merge to the earliest",
     openapi_extra=_optional_body_schema(WakeRequest),
     responses={**FORBIDDEN, **ERRORS,
-               404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}},
+               404: refusal("EXECUTION_NOT_FOUND")},
 )
 async def request_wake(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                        principal: Waker):
@@ -337,22 +337,8 @@ async def request_wake(execution_id: str, request: Request, store: StoreDep, set
     at = None
     if body is not None:
         try:
-            at = WakeRequest.model_validate(body if body is not None else {}).at
+            at = WakeRequest.model_validate(body).at
         except ValidationError as exc:
             raise _invalid(exc, "INVALID_REQUEST") from None
-        if at is not None and at.tzinfo is None:
-            raise ApiError(
-                422, "INVALID_REQUEST", "at: give a time zone offset (for example 2026-01-01T00:00:00Z)"
-            )
-        if at is not None:
-            try:
-                at.astimezone(UTC)
-            except OverflowError:
-                raise ApiError(
-                    422, "INVALID_REQUEST",
-                    "at: out of range in UTC; give a time between years 0001 and 9999",
-                ) from None
-    answer = await store.request_wake(execution_id, at, owner=owner_of(principal))
-    if answer == "not_found":
-        raise not_found(execution_id)
+    answer = await commands.wake(store, execution_id, at, owner=owner_of(principal))
     return {"status": answer}

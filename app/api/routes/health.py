@@ -6,8 +6,8 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from app.api.common import refusal
 from app.api.errors import DATABASE_ERROR_TYPES, RETRY_AFTER_SECONDS, error_response
-from app.api.models import ErrorBody
 from app.dberrors import is_infrastructure
 from app.migrate import head_revision
 
@@ -22,8 +22,7 @@ async def healthz() -> dict:
 @router.get(
     "/readyz",
     summary="The database answers and its schema is at this build's head revision",
-    responses={503: {"model": ErrorBody,
-                     "description": "DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE"}},
+    responses={503: refusal("DATABASE_UNAVAILABLE or SCHEMA_OUT_OF_DATE")},
 )
 async def readyz(request: Request):
     try:

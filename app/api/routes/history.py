@@ -24,14 +24,15 @@ from app.api.common import (
     detail_for,
     error_for,
     owner_of,
+    refusal,
 )
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
-from app.api.models import ErrorBody, WorkerList, worker_view
+from app.api.models import WorkerList, worker_view
 
 router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
 
-NOT_FOUND = {404: {"model": ErrorBody, "description": "EXECUTION_NOT_FOUND"}, 503: ERRORS[503]}
+NOT_FOUND = {404: refusal("EXECUTION_NOT_FOUND"), 503: ERRORS[503]}
 
 
 class EventPage(BaseModel):
@@ -55,6 +56,14 @@ class LateObservationList(BaseModel):
 # trigger-only token (owner_of): a foreign execution is the same 404 as a
 # missing one, and nothing admitted by another token mid-request is shown.
 
+def _found(execution_id: str, rows: list[dict] | None) -> list[dict]:
+    """A page of the execution's rows; None (no such execution, or another
+    token's) is 404."""
+    if rows is None:
+        raise not_found(execution_id)
+    return rows
+
+
 @router.get("/v1/executions/{execution_id}/events", response_model=EventPage,
             summary="The append-only history, oldest first",
             responses={**NOT_FOUND, **INVALID_QUERY}, dependencies=[STRICT_QUERY])
@@ -66,10 +75,8 @@ async def events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    rows = await store.execution_events_page(execution_id, after=after, limit=limit,
-                                             owner=owner_of(principal))
-    if rows is None:
-        raise not_found(execution_id)
+    rows = _found(execution_id, await store.execution_events_page(
+        execution_id, after=after, limit=limit, owner=owner_of(principal)))
     page = [
         {"eventId": r["event_id"], "at": r["at"], "kind": r["kind"], "token": r["token"],
          "detail": detail_for(principal, r["detail"])}
@@ -104,9 +111,8 @@ def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
             summary="Recorded steps, then effect attempts whose outcome is in doubt, then "
             "steps a redrive superseded (keyset pagination)",
             responses={**NOT_FOUND,
-                       422: {"model": ErrorBody,
-                             "description": "INVALID_REQUEST / INVALID_CURSOR / "
-                             "UNKNOWN_QUERY_PARAMETER"}},
+                       422: refusal("INVALID_REQUEST / INVALID_CURSOR / "
+                             "UNKNOWN_QUERY_PARAMETER")},
             dependencies=[STRICT_QUERY])
 async def steps(
     execution_id: str,
@@ -120,11 +126,9 @@ async def steps(
 ):
     _check_path_id(execution_id)
     after = _decode_step_cursor(cursor) if cursor is not None else None
-    rows = await store.execution_steps_page(execution_id, include_values=include_values,
-                                            limit=limit + 1, after=after,
-                                            owner=owner_of(principal))
-    if rows is None:
-        raise not_found(execution_id)
+    rows = _found(execution_id, await store.execution_steps_page(
+        execution_id, include_values=include_values, limit=limit + 1, after=after,
+        owner=owner_of(principal)))
     out = []
     for r in rows[:limit]:
         step = {
@@ -159,10 +163,8 @@ async def late_observations(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    rows = await store.execution_late_observations_page(execution_id, after=after, limit=limit,
-                                                        owner=owner_of(principal))
-    if rows is None:
-        raise not_found(execution_id)
+    rows = _found(execution_id, await store.execution_late_observations_page(
+        execution_id, after=after, limit=limit, owner=owner_of(principal)))
     page = [
         {"observationId": r["observation_id"], "stepKey": r["step_key"], "token": r["token"],
          "owner": r["owner"], "value": r["value"], "error": error_for(principal, r["error"]),

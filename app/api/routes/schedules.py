@@ -24,11 +24,12 @@ from app.api.common import (
     _body_schema,
     _invalid,
     _json,
+    refusal,
     registered_workflow,
 )
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
-from app.api.models import ID_PATTERN, ErrorBody
+from app.api.models import ID_PATTERN
 from app.logs import operator_action
 from app.registry import SCHEDULE_ID_RE
 from app.store import InvalidEvent
@@ -36,10 +37,10 @@ from app.store import InvalidEvent
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=AUTH_ERRORS)
 
 SCHEDULE_ID_PATTERN = SCHEDULE_ID_RE.pattern
-NOT_FOUND = {404: {"model": ErrorBody, "description": "SCHEDULE_NOT_FOUND"}, 503: ERRORS[503]}
+NOT_FOUND = {404: refusal("SCHEDULE_NOT_FOUND"), 503: ERRORS[503]}
 INVALID_QUERY = {
-    422: {"model": ErrorBody, "description": "INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
-          "query parameter is malformed or out of range / not one this route takes"},
+    422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
+          "query parameter is malformed or out of range / not one this route takes"),
 }
 
 
@@ -145,10 +146,9 @@ def _check_schedule_id(schedule_id: str) -> None:
     openapi_extra=_body_schema(ScheduleRequest),
     responses={
         **ERRORS,
-        404: {"model": ErrorBody, "description": "WORKFLOW_NOT_FOUND"},
-        409: {"model": ErrorBody, "description": "SCHEDULE_EXISTS: names the existing schedule"},
-        422: {"model": ErrorBody,
-              "description": "INVALID_SCHEDULE / INVALID_PARAMS / INVALID_EXECUTION_EVENT"},
+        404: refusal("WORKFLOW_NOT_FOUND"),
+        409: refusal("SCHEDULE_EXISTS: names the existing schedule"),
+        422: refusal("INVALID_SCHEDULE / INVALID_PARAMS / INVALID_EXECUTION_EVENT"),
     },
 )
 async def create_schedule(request: Request, response: Response, store: StoreDep,
