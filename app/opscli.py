@@ -315,8 +315,11 @@ def configure_operations(p: argparse.ArgumentParser) -> None:
     f.add_argument("--workflow", metavar="WORKFLOW_ID")
     f.add_argument("--status", choices=STATUSES)
     f.add_argument("--ids", type=ids_arg, metavar="ID,ID,...")
-    f.add_argument("--admitted-from", metavar="TIME", help="admitted at or after (RFC 3339)")
-    f.add_argument("--admitted-to", metavar="TIME", help="admitted before (RFC 3339)")
+    # The API takes a time only with its UTC offset: a bare local time would be ambiguous.
+    f.add_argument("--admitted-from", metavar="TIME",
+                   help="admitted at or after (date and time with offset, e.g. 2026-01-01T00:00:00Z)")
+    f.add_argument("--admitted-to", metavar="TIME",
+                   help="admitted before (date and time with offset, e.g. 2026-01-01T00:00:00Z)")
     f.add_argument("--min-unacknowledged", type=int, metavar="N",
                    help="at least N unacknowledged deliveries")
     s.add_argument("--dry-run", action="store_true",
