@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.maintenance import Leadership, every
 from app.store import ExecutionStore
 
 log = logging.getLogger("fencepost.operations")
@@ -29,12 +30,11 @@ class OperationRunner:
             if n < self.batch:
                 return total
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            done = await self.run_once()
-            if done:
-                log.info("operations: carried out %d items", done)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+    async def sweep(self) -> None:
+        done = await self.run_once()
+        if done:
+            log.info("operations: carried out %d items", done)
+
+    async def run(self, stop: asyncio.Event, leadership: Leadership | None = None) -> None:
+        """Sweep every interval until `stop` (only while leading, with `leadership`)."""
+        await every(self.interval, stop, self.sweep, leadership)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.maintenance import Leadership, every
 from app.metrics import METRICS
 from app.store import ExecutionStore, ReapResult
 
@@ -47,12 +48,11 @@ class LeaseReaper:
         METRICS.maintained("reaper")
         return ReapResult(len(ids), ids)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            result = await self.run_once()
-            if result.expired:
-                log.info("reaped %d expired leases", result.expired)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+    async def sweep(self) -> None:
+        result = await self.run_once()
+        if result.expired:
+            log.info("reaped %d expired leases", result.expired)
+
+    async def run(self, stop: asyncio.Event, leadership: Leadership | None = None) -> None:
+        """Sweep every interval until `stop` (only while leading, with `leadership`)."""
+        await every(self.interval, stop, self.sweep, leadership)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app.maintenance import Leadership, every
 from app.metrics import METRICS
 from app.store import ExecutionStore
 
@@ -37,12 +38,11 @@ class RetentionPruner:
                 METRICS.maintained("retention")
                 return total
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            deleted = await self.run_once()
-            if deleted:
-                log.info("retention: deleted %d terminal executions", deleted)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+    async def sweep(self) -> None:
+        deleted = await self.run_once()
+        if deleted:
+            log.info("retention: deleted %d terminal executions", deleted)
+
+    async def run(self, stop: asyncio.Event, leadership: Leadership | None = None) -> None:
+        """Sweep every interval until `stop` (only while leading, with `leadership`)."""
+        await every(self.interval, stop, self.sweep, leadership)

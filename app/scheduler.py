@@ -1,6 +1,8 @@
 """The scheduler: a worker maintenance service that fires schedule slots.
 
-Every worker runs one, for the workflows it runs. `run_once()` takes each
+Every worker runs one, for the workflows it runs; it evaluates only while the
+worker leads the schedules role of that set of workflows (app/maintenance.py),
+so N workers do not evaluate the same schedules N times. `run_once()` takes each
 unpaused schedule of those workflows in turn, locks it (another worker
 evaluating it right now means this one moves on), computes the slots in
 (last_slot, now] with the database clock, admits the newest `catch_up` of
@@ -29,6 +31,7 @@ from datetime import UTC, datetime
 
 from app import cron
 from app.dberrors import INFRASTRUCTURE_ERRORS
+from app.maintenance import Leadership, every
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition
 from app.store import Admitted, ExecutionStore
@@ -215,18 +218,19 @@ class Scheduler:
         return await self.store.prune_schedule_events(sorted(self.workflows),
                                                       self.retention_seconds)
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def sweep(self) -> None:
+        await self.run_once()
+        METRICS.maintained("scheduler")
+        if self.retention_seconds and time.monotonic() >= self._next_prune:
+            await self.prune_events()
+            self._next_prune = time.monotonic() + self.prune_every_seconds
+
+    async def run(self, stop: asyncio.Event, leadership: Leadership | None = None) -> None:
+        """Declare this worker's code schedules (every worker: its own code),
+        then evaluate every interval until `stop` (only while leading, with
+        `leadership`)."""
         await self.sync_code_schedules()
-        while not stop.is_set():
-            await self.run_once()
-            METRICS.maintained("scheduler")
-            if self.retention_seconds and time.monotonic() >= self._next_prune:
-                await self.prune_events()
-                self._next_prune = time.monotonic() + self.prune_every_seconds
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+        await every(self.interval, stop, self.sweep, leadership)
 
 
 def _iso(moment: datetime) -> str:

@@ -501,3 +501,18 @@ watched_executions = Table(
     ),
     Column("since", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
+
+# One row per maintenance role, held by one worker until expires_at (database
+# clock). The holder renews it; anyone takes it over once expired; token grows
+# by one at every change of term, so a paused holder finds its term over.
+maintenance_leases = Table(
+    "maintenance_leases",
+    metadata,
+    Column("role", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("acquired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("renewed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("token > 0", name="token_positive"),
+)

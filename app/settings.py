@@ -115,6 +115,13 @@ class Settings(BaseSettings):
         description="Most slots of one schedule admitted after the scheduler missed some (a worker "
         "was down); older missed slots are skipped with an event. A schedule's catchUp overrides it.",
     )
+    maintenance_lease_seconds: float = Field(
+        15.0, gt=0, le=3600,
+        description="How long a worker leads a maintenance role (the reaper, retention and bulk "
+        "operations; the scheduler) without renewing; renewed every third of it. Another "
+        "worker takes the role over within about this long after its leader dies or stalls "
+        "(unset with a lease shorter than 15 s: the lease).",
+    )
     scheduler_interval_seconds: float = Field(
         10.0, gt=0, le=60,
         description="How often each worker evaluates the schedules of its workflows; a slot is "
@@ -180,6 +187,11 @@ class Settings(BaseSettings):
             # Only the lease was given, shorter than the default renewal
             # interval: renew three times per lease instead of refusing.
             self.renew_seconds = self.lease_seconds / 3
+        if "maintenance_lease_seconds" not in self.model_fields_set:
+            # A deployment with short execution leases expects a dead
+            # worker's work back as soon: its maintenance roles too.
+            self.maintenance_lease_seconds = min(self.maintenance_lease_seconds,
+                                                 self.lease_seconds)
         if self.renew_seconds >= self.lease_seconds:
             problems.append(
                 f"FENCEPOST_RENEW_SECONDS ({self.renew_seconds:g}) must be shorter than "

@@ -2,10 +2,13 @@
 code under a lease, renews every held lease in one statement, and
 acknowledges how each delivery ended.
 
-Side tasks (claimer, renewer, listener, reaper) are named and watched: if one
-dies, the worker stops loudly rather than run half-alive. SIGTERM stops
-claiming, lets running deliveries finish within the grace period, releases
-what is left and exits 0; a second SIGTERM/SIGINT exits at once.
+Side tasks (claimer, renewer, listener, the maintenance leases and services)
+are named and watched: if one dies, the worker stops loudly rather than run
+half-alive. One worker at a time runs each maintenance service (the leader of
+its role, app/maintenance.py); the others only take part in the election.
+SIGTERM stops claiming, lets running deliveries finish within the grace
+period, releases what is left (and the maintenance roles it leads) and exits
+0; a second SIGTERM/SIGINT exits at once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from app.bulk import OperationRunner
 from app.db import asyncpg_dsn, create_pool
 from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure
 from app.logs import Fields
+from app.maintenance import SWEEPS, Leadership, schedules_role
 from app.metrics import METRICS
 from app.migrate import SchemaOutOfDate, check_schema
 from app.reaper import LeaseReaper
@@ -60,6 +64,7 @@ from app.store import (
     LeaseLost,
     StepRecord,
 )
+from app.store.leadership import LeadershipStore
 
 log = logging.getLogger("fencepost.worker")
 
@@ -131,6 +136,7 @@ class Worker:
         # deliveries holding every connection of the main pool cannot starve them.
         self.control: ExecutionStore | None = None
         self._running: dict[str, Running] = {}
+        self.leaderships: list[Leadership] = []  # the maintenance roles it takes part in
         self._wakeup = asyncio.Event()
         self._stopping = asyncio.Event()  # stop claiming
         self._done = asyncio.Event()  # renewer and listener may stop
@@ -186,17 +192,35 @@ class Worker:
             await self._register()
             self.log.info("worker %s started: %s, concurrency %d", self.worker_id,
                      ", ".join(sorted(self.workflows)), self.concurrency)
+            # One worker at a time runs each maintenance role; every worker
+            # takes part in the election (app/maintenance.py).
+            leaders = LeadershipStore(control_pool)
+            sweeps = Leadership(leaders, SWEEPS, self.worker_id, s.maintenance_lease_seconds)
+            schedules = Leadership(leaders, schedules_role(sorted(self.workflows)),
+                                   self.worker_id, s.maintenance_lease_seconds)
+            self.leaderships = [sweeps, schedules]
+            for lead in self.leaderships:
+                try:
+                    await lead.attempt()  # a free role is run from the first pass
+                except INFRASTRUCTURE_ERRORS:
+                    pass  # its holder task retries
             side = [
                 asyncio.create_task(self._claimer(), name="claimer"),
                 asyncio.create_task(self._renewer(), name="renewer"),
                 asyncio.create_task(self._listener(), name="listener"),
+                *(asyncio.create_task(self._maintain(lead), name=f"lease {lead.role}")
+                  for lead in self.leaderships),
                 asyncio.create_task(self._maintain(LeaseReaper(
-                    self.store, interval=max(0.1, min(s.lease_seconds / 2, 5.0)))), name="reaper"),
+                    self.store, interval=max(0.1, min(s.lease_seconds / 2, 5.0))), sweeps),
+                    name="reaper"),
                 asyncio.create_task(self._maintain(RetentionPruner(
-                    self.store, retention_seconds=s.retention.total_seconds())), name="retention"),
-                asyncio.create_task(self._maintain(Scheduler.from_settings(self.store, self.workflows, s)), name="scheduler"),
+                    self.store, retention_seconds=s.retention.total_seconds()), sweeps),
+                    name="retention"),
+                asyncio.create_task(self._maintain(
+                    Scheduler.from_settings(self.store, self.workflows, s), schedules),
+                    name="scheduler"),
                 asyncio.create_task(self._maintain(OperationRunner(
-                    self.store, interval=s.poll_seconds)), name="operations"),
+                    self.store, interval=s.poll_seconds), sweeps), name="operations"),
             ]
             await self._watch(side)
             await self._drain()
@@ -204,6 +228,11 @@ class Worker:
             for task in side:
                 task.cancel()  # listener and maintenance stop here
             await asyncio.gather(*side, return_exceptions=True)
+            for lead in self.leaderships:
+                try:
+                    await lead.release()  # the next leader need not wait for the expiry
+                except INFRASTRUCTURE_ERRORS:
+                    pass
             try:
                 await self.store.worker_stopped(self.worker_id)
             except INFRASTRUCTURE_ERRORS:
@@ -670,12 +699,18 @@ class Worker:
     # ------------------------------------------------------------------ reaper
 
     async def _maintain(self, service: LeaseReaper | RetentionPruner | Scheduler
-                        | OperationRunner) -> None:
-        """Run a maintenance service until the worker is done, riding out outages."""
+                        | OperationRunner | Leadership,
+                        leadership: Leadership | None = None) -> None:
+        """Run a maintenance service (while this worker leads its role, with
+        `leadership`), or hold a role's lease, until the worker is done,
+        riding out outages."""
         backoff = Backoff()
         while not self._done.is_set():
             try:
-                await service.run(self._done)
+                if isinstance(service, Leadership):
+                    await service.hold(self._done)
+                else:
+                    await service.run(self._done, leadership)
                 return
             except Exception as exc:
                 if not is_infrastructure(exc):
