@@ -34,21 +34,21 @@ AUTH_ERRORS = {**UNAUTHENTICATED, **FORBIDDEN}
 ERRORS = {
     400: refusal("MALFORMED_JSON"),
     408: refusal("REQUEST_TIMEOUT: the body did not arrive in time "
-          "(FENCEPOST_BODY_TIMEOUT_SECONDS)"),
+                 "(FENCEPOST_BODY_TIMEOUT_SECONDS)"),
     413: refusal("PAYLOAD_TOO_LARGE"),
     415: refusal("UNSUPPORTED_MEDIA_TYPE"),
     422: refusal("INVALID_REQUEST / INVALID_EXECUTION_EVENT: a "
-          "malformed request / a value that cannot be stored exactly (NaN, NUL, duplicate keys, "
-          "too deep)"),
+                 "malformed request / a value that cannot be stored exactly (NaN, NUL, duplicate keys, "
+                 "too deep)"),
     503: refusal("DATABASE_UNAVAILABLE"),
 }
 INVALID_QUERY = {
     422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
-          "query parameter is malformed or out of range / not one this route takes"),
+                 "query parameter is malformed or out of range / not one this route takes"),
 }
 UNKNOWN_QUERY = {
     422: refusal("UNKNOWN_QUERY_PARAMETER: a query parameter this "
-          "route does not take"),
+                 "route does not take"),
 }
 
 def _query_names(dependant) -> set[str]:

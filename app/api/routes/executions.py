@@ -73,7 +73,7 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         404: refusal("WORKFLOW_NOT_FOUND"),
         409: refusal("EXECUTION_ID_CONFLICT: names the existing execution"),
         422: refusal("INVALID_REQUEST / INVALID_EXECUTION_EVENT / INVALID_PARAMS / "
-              "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"),
+                     "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"),
         **RATE_LIMITED,
     },
 )
@@ -198,7 +198,7 @@ def _view(principal, row: dict, live: set[str]) -> dict:
     response_model_exclude_unset=True,
     summary="List executions, newest first (keyset pagination)",
     responses={422: refusal("INVALID_REQUEST / INVALID_CURSOR / "
-                     "UNKNOWN_QUERY_PARAMETER"),
+                            "UNKNOWN_QUERY_PARAMETER"),
                503: ERRORS[503]},
     dependencies=[STRICT_QUERY],
 )

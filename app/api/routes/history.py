@@ -112,7 +112,7 @@ def _decode_step_cursor(cursor: str) -> tuple[int, datetime, str]:
             "steps a redrive superseded (keyset pagination)",
             responses={**NOT_FOUND,
                        422: refusal("INVALID_REQUEST / INVALID_CURSOR / "
-                             "UNKNOWN_QUERY_PARAMETER")},
+                                    "UNKNOWN_QUERY_PARAMETER")},
             dependencies=[STRICT_QUERY])
 async def steps(
     execution_id: str,

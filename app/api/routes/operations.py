@@ -115,7 +115,7 @@ async def _end(execution_id: str, request: Request, store, settings, principal, 
                404: refusal("EXECUTION_NOT_FOUND / STEP_NOT_FOUND"),
                409: refusal("STEP_NOT_OUTCOME_UNKNOWN"),
                422: refusal("INVALID_RESOLUTION / INVALID_EXECUTION_EVENT / "
-                     "INVALID_REQUEST")},
+                            "INVALID_REQUEST")},
 )
 async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=1000)],
                   request: Request, store: StoreDep, settings: SettingsDep,

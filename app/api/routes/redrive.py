@@ -96,7 +96,7 @@ class Fork(Camel):
                404: refusal("EXECUTION_NOT_FOUND / STEP_NOT_FOUND"),
                409: refusal("EXECUTION_NOT_ENDED / REDRIVE_NEEDS_FROM_STEP"),
                422: refusal("INVALID_REQUEST / DEADLINE_IN_THE_PAST / "
-                     "INVALID_EXECUTION_EVENT")},
+                            "INVALID_EXECUTION_EVENT")},
 )
 async def redrive(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                   principal: Waker):
@@ -124,7 +124,7 @@ assert EXECUTION_ID_PATTERN.endswith(f"{{1,{commands.MAX_EXECUTION_ID}}}$")
                404: refusal("EXECUTION_NOT_FOUND / STEP_NOT_FOUND"),
                409: refusal("EXECUTION_ID_CONFLICT"),
                422: refusal("INVALID_REQUEST / RESERVED_EXECUTION_ID / INVALID_PARAMS / "
-                     "INVALID_EXECUTION_EVENT")},
+                            "INVALID_EXECUTION_EVENT")},
 )
 async def fork(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                principal: Waker):

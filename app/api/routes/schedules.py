@@ -40,7 +40,7 @@ SCHEDULE_ID_PATTERN = SCHEDULE_ID_RE.pattern
 NOT_FOUND = {404: refusal("SCHEDULE_NOT_FOUND"), 503: ERRORS[503]}
 INVALID_QUERY = {
     422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
-          "query parameter is malformed or out of range / not one this route takes"),
+                 "query parameter is malformed or out of range / not one this route takes"),
 }
 
 

@@ -49,12 +49,12 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         **FORBIDDEN,
         **ERRORS,
         403: refusal("FORBIDDEN: the token's role may not signal, or the workflow "
-                             "restricts this signal to another role"),
+                     "restricts this signal to another role"),
         404: refusal("EXECUTION_NOT_FOUND"),
         409: refusal("EXECUTION_TERMINAL"),
         429: refusal("TOO_MANY_PENDING_SIGNALS / RATE_LIMITED: too many signals wait "
-                             "unconsumed, or the token's quota is used up; retry after "
-                             "Retry-After seconds"),
+                     "unconsumed, or the token's quota is used up; retry after "
+                     "Retry-After seconds"),
     },
 )
 async def send_signal(execution_id: str, name: Annotated[str, Path(pattern=ID_PATTERN)],
