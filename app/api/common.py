@@ -3,7 +3,7 @@ validation errors in the one error shape, documented error responses."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
@@ -14,8 +14,13 @@ from app.api.models import ErrorBody
 from app.commands.errors import UNSTORABLE_TEXT, invalid
 from app.commands.redrive import check_params
 
+Body = TypeVar("Body", bound=BaseModel)
 
-def refusal(description: str) -> dict:
+# A route's documented responses, by status, as FastAPI takes them.
+Responses = dict[int | str, dict[str, Any]]
+
+
+def refusal(description: str) -> dict[str, Any]:
     """A documented error response: the one error body, and which codes
     (with when) the status stands for."""
     return {"model": ErrorBody, "description": description}
@@ -23,15 +28,15 @@ def refusal(description: str) -> dict:
 
 # 401 on every authenticated route; 403 only on routes some role may not use
 # (a documented status must be one a request can produce).
-UNAUTHENTICATED = {
+UNAUTHENTICATED: Responses = {
     401: refusal("UNAUTHENTICATED: no valid API token"),
 }
-FORBIDDEN = {
+FORBIDDEN: Responses = {
     403: refusal("FORBIDDEN: the token's role does not allow this"),
 }
-AUTH_ERRORS = {**UNAUTHENTICATED, **FORBIDDEN}
+AUTH_ERRORS: Responses = {**UNAUTHENTICATED, **FORBIDDEN}
 
-ERRORS = {
+ERRORS: Responses = {
     400: refusal("MALFORMED_JSON"),
     408: refusal("REQUEST_TIMEOUT: the body did not arrive in time "
                  "(FENCEPOST_BODY_TIMEOUT_SECONDS)"),
@@ -42,11 +47,11 @@ ERRORS = {
                  "too deep)"),
     503: refusal("DATABASE_UNAVAILABLE"),
 }
-INVALID_QUERY = {
+INVALID_QUERY: Responses = {
     422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
                  "query parameter is malformed or out of range / not one this route takes"),
 }
-UNKNOWN_QUERY = {
+UNKNOWN_QUERY: Responses = {
     422: refusal("UNKNOWN_QUERY_PARAMETER: a query parameter this "
                  "route does not take"),
 }
@@ -151,7 +156,7 @@ async def _optional_json(request: Request, settings) -> object | None:
     return await _json(request, settings)
 
 
-async def _optional_body(request: Request, settings, model: type[BaseModel]) -> BaseModel:
+async def _optional_body(request: Request, settings: Any, model: type[Body]) -> Body:
     """An optional body (absent or `null`: no fields) read like `_json` and
     validated as `model` (422 INVALID_REQUEST)."""
     body = await _optional_json(request, settings)

@@ -47,9 +47,14 @@ def not_found(execution_id: str) -> ApiError:
 # those types and for every asyncpg.PostgresError (an unknown code in an
 # infrastructure class arrives as UnknownPostgresError); any other database
 # error is a bug and stays a 500, logged with its trace.
-DATABASE_ERROR_TYPES: tuple[type[BaseException], ...] = (
+# A handler is registered per type, and handlers take Exceptions: every one
+# of these is one (checked at import).
+_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError, *INFRASTRUCTURE_ERRORS,
 )
+DATABASE_ERROR_TYPES: tuple[type[Exception], ...] = tuple(
+    t for t in _DATABASE_ERRORS if issubclass(t, Exception))
+assert len(DATABASE_ERROR_TYPES) == len(_DATABASE_ERRORS)
 
 _HTTP_CODES = {
     404: ("NOT_FOUND", "no such route; the API is described at /openapi.json"),

@@ -54,7 +54,9 @@ from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
 from app.store.admission import Existing
 
-BlockedReason = Enum("BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
+# Its members are app.blocked's reasons (mypy reads only literal members).
+BlockedReason = Enum(  # type: ignore[misc]
+    "BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
@@ -185,7 +187,7 @@ async def _existing_record(store, settings, principal, existing: Existing) -> di
     return _view(principal, row, await live_workflows(store, settings, [row]))
 
 
-def _view(principal, row: dict, live: set[str]) -> dict:
+def _view(principal, row: dict, live: set[str] | None) -> dict:
     view = record(row, live)
     view["outcome"] = outcome_for(principal, view["outcome"])
     return view

@@ -20,6 +20,7 @@ from app.api.common import (
     STRICT_QUERY,
     UNAUTHENTICATED,
     UNKNOWN_QUERY,
+    Responses,
     _check_path_id,
     detail_for,
     error_for,
@@ -32,7 +33,7 @@ from app.api.models import WorkerList, worker_view
 
 router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
 
-NOT_FOUND = {404: refusal("EXECUTION_NOT_FOUND"), 503: ERRORS[503]}
+NOT_FOUND: Responses = {404: refusal("EXECUTION_NOT_FOUND"), 503: ERRORS[503]}
 
 
 class EventPage(BaseModel):

@@ -14,6 +14,7 @@ from app.api.common import (
     ERRORS,
     FORBIDDEN,
     UNAUTHENTICATED,
+    Responses,
     _body_schema,
     _check_path_id,
     _invalid,
@@ -64,7 +65,7 @@ def _optional(model: type[BaseModel]) -> dict:
 
 
 # Cancel and terminate: refused for a missing or an ended execution.
-ENDING_REFUSALS = {**ERRORS, 404: refusal("EXECUTION_NOT_FOUND"),
+ENDING_REFUSALS: Responses = {**ERRORS, 404: refusal("EXECUTION_NOT_FOUND"),
                    409: refusal("EXECUTION_TERMINAL")}
 
 

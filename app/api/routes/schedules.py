@@ -21,6 +21,7 @@ from app.api.common import (
     AUTH_ERRORS,
     ERRORS,
     STRICT_QUERY,
+    Responses,
     _body_schema,
     _invalid,
     _json,
@@ -37,8 +38,8 @@ from app.store import InvalidEvent
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=AUTH_ERRORS)
 
 SCHEDULE_ID_PATTERN = SCHEDULE_ID_RE.pattern
-NOT_FOUND = {404: refusal("SCHEDULE_NOT_FOUND"), 503: ERRORS[503]}
-INVALID_QUERY = {
+NOT_FOUND: Responses = {404: refusal("SCHEDULE_NOT_FOUND"), 503: ERRORS[503]}
+INVALID_QUERY: Responses = {
     422: refusal("INVALID_REQUEST / UNKNOWN_QUERY_PARAMETER: a "
                  "query parameter is malformed or out of range / not one this route takes"),
 }
