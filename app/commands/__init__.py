@@ -9,6 +9,7 @@ the caller's words (`Wording`: API or DASHBOARD).
   executions   cancel, terminate, wake, resume, resolve, signal
   redrive      redrive, fork
   operations   start_operation, stop_operation (bulk)
+  schedules    set_paused (pause, resume), delete
   errors       CommandError, Wording, the shared refusals
 """
 

@@ -31,7 +31,8 @@ from app.api.common import (
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
 from app.api.models import ID_PATTERN
-from app.logs import operator_action
+from app.commands import schedules
+from app.commands.schedules import check_schedule_id, schedule_not_found
 from app.registry import SCHEDULE_ID_RE
 from app.store import InvalidEvent
 
@@ -126,19 +127,6 @@ def _view(row: dict) -> dict:
     }
 
 
-def _not_found(schedule_id: str) -> ApiError:
-    return ApiError(
-        404, "SCHEDULE_NOT_FOUND",
-        f"no schedule with ID {schedule_id[:200]!r}; list them with GET /v1/schedules",
-    )
-
-
-def _check_schedule_id(schedule_id: str) -> None:
-    # No stored schedule has another shape (and NUL would not reach Postgres).
-    if not SCHEDULE_ID_RE.match(schedule_id):
-        raise _not_found(schedule_id)
-
-
 @router.post(
     "",
     status_code=201,
@@ -228,10 +216,10 @@ async def list_schedules(
     responses=NOT_FOUND,
 )
 async def get_schedule(schedule_id: str, store: StoreDep, principal: StrictReader):
-    _check_schedule_id(schedule_id)
+    check_schedule_id(schedule_id)
     row = await store.get_schedule(schedule_id)
     if row is None:
-        raise _not_found(schedule_id)
+        raise schedule_not_found(schedule_id)
     return _view(row)
 
 
@@ -248,24 +236,17 @@ async def schedule_events(
     principal: StrictReader,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ):
-    _check_schedule_id(schedule_id)
+    check_schedule_id(schedule_id)
     # From schedule_events (never an execution's history), in one statement.
     rows = await store.schedule_history(schedule_id, limit)
     if rows is None:
-        raise _not_found(schedule_id)
+        raise schedule_not_found(schedule_id)
     return {"events": [{"eventId": r["event_id"], "at": r["at"], "kind": r["kind"],
                         "detail": r["detail"]} for r in rows]}
 
 
 async def _set_paused(schedule_id: str, paused: bool, store, principal) -> dict:
-    _check_schedule_id(schedule_id)
-    by = actor(principal, None)
-    row = await store.set_schedule_paused(schedule_id, paused, by=by)
-    operator_action("pause" if paused else "resume", by=by,
-                    result="not_found" if row is None else "done", schedule_id=schedule_id)
-    if row is None:
-        raise _not_found(schedule_id)
-    return _view(row)
+    return _view(await schedules.set_paused(store, schedule_id, paused, actor(principal, None)))
 
 
 @router.post(
@@ -297,10 +278,5 @@ async def resume_schedule(schedule_id: str, store: StoreDep, principal: Operator
     responses=NOT_FOUND,
 )
 async def delete_schedule(schedule_id: str, store: StoreDep, principal: Operator):
-    _check_schedule_id(schedule_id)
-    deleted = await store.delete_schedule(schedule_id)
-    operator_action("delete", by=actor(principal, None), result="done" if deleted else "not_found",
-                    schedule_id=schedule_id)
-    if not deleted:
-        raise _not_found(schedule_id)
+    await schedules.delete(store, schedule_id, actor(principal, None))
     return Response(status_code=204)
