@@ -1,4 +1,4 @@
-"""Operator commands: the one place an action on executions is decided.
+"""Operator commands: the one place an operator action is decided.
 
 The HTTP API (app/api/routes) and the dashboard (app/ui) both call these;
 the CLI reaches them through the API. A command validates its input, asks
