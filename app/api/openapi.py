@@ -10,13 +10,17 @@ tests/hostile):
 - Authentication: a bearer security scheme, required by every operation that
   documents 401.
 
-And two additions for client generators and stateful testers:
+And three additions for client generators and testers:
 
 - Readable, stable operation IDs (`admitExecution`, `getExecution`, ...), one
   per operation, from OPERATION_IDS; an operation missing there fails the
   schema's test, so a new route cannot ship with FastAPI's generated name.
 - OpenAPI links from the answers that carry an ID (admission, fork, listing,
   schedule and operation creation) to the operations that take it.
+- The rules the server holds a request body to beyond each field's own type
+  (STATED_RULES): which fields go together, a cron expression's shape, a
+  filter that names at least one condition; so a request the schema calls
+  valid is not refused for a reason the schema hides.
 """
 
 from __future__ import annotations
@@ -124,6 +128,70 @@ def _name_and_link(schema: dict) -> None:
                     for target in targets}
 
 
+_NOT_NULL = {"not": {"type": "null"}}
+
+
+def _given(*names: str) -> dict:
+    """Every one of `names` is present and not null."""
+    return {"required": list(names), "properties": {n: _NOT_NULL for n in names}}
+
+
+def _either_deadline_or_timeout(body: dict) -> None:
+    # A deadline is absolute or relative to now, never both at once.
+    body["not"] = _given("deadline", "timeoutSeconds")
+
+
+def _resolution(body: dict) -> None:
+    # succeed records `result` (null included) and only succeed carries one;
+    # fail records `error` and only fail carries one.
+    succeed = {"required": ["action"], "properties": {"action": {"const": "succeed"}}}
+    fail = {"required": ["action"], "properties": {"action": {"const": "fail"}}}
+    body["allOf"] = [
+        {"if": succeed, "then": {"required": ["result"]}, "else": {"not": {"required": ["result"]}}},
+        {"if": fail, "then": _given("error"), "else": {"properties": {"error": {"type": "null"}}}},
+    ]
+
+
+def _some_condition(body: dict) -> None:
+    # A bulk operation over "every execution" is refused: the filter names
+    # at least one condition (a property that is not null).
+    conditions = body["properties"]["filter"]
+    conditions["anyOf"] = [_given(name) for name in conditions["properties"]]
+
+
+# One cron field: `*` or a comma-separated list of `n`, `a-b`, with an
+# optional `/step`; numbers or (months, weekdays) English names.
+_CRON_ITEM = r"(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?"
+_CRON_FIELD = rf"{_CRON_ITEM}(,{_CRON_ITEM})*"
+_CRON_MACROS = "yearly|annually|monthly|weekly|daily|midnight|hourly"
+CRON_PATTERN = rf"^\s*(@({_CRON_MACROS})|{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}})\s*$"
+# An IANA time zone name: Area/Location (UTC, Europe/Warsaw, America/Argentina/Salta).
+TIMEZONE_PATTERN = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
+
+
+def _schedule(body: dict) -> None:
+    body["properties"]["cron"]["pattern"] = CRON_PATTERN
+    body["properties"]["timezone"]["pattern"] = TIMEZONE_PATTERN
+
+
+# operationId -> the rules its request body is held to beyond its fields' types.
+STATED_RULES = {
+    "admitExecution": _either_deadline_or_timeout,
+    "redriveExecution": _either_deadline_or_timeout,
+    "resolveStep": _resolution,
+    "createOperation": _some_condition,
+    "createSchedule": _schedule,
+}
+
+
+def _state_rules(schema: dict) -> None:
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            rule = STATED_RULES.get(operation["operationId"])
+            if rule is not None:
+                rule(operation["requestBody"]["content"]["application/json"]["schema"])
+
+
 # Any request whose line and headers exceed FENCEPOST_MAX_HEADER_BYTES (a very
 # long query string included) is refused before routing.
 _HEAD_TOO_LARGE = {
@@ -134,6 +202,7 @@ _HEAD_TOO_LARGE = {
 
 def tidy(schema: dict) -> dict:
     _name_and_link(schema)
+    _state_rules(schema)
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             operation.setdefault("responses", {}).setdefault("431", _HEAD_TOO_LARGE)

@@ -1,16 +1,20 @@
 """Issue 14 item 4: an OpenAPI that generators and testers like — a readable,
 stable operation ID on every operation (never FastAPI's generated ones),
 links from the answers that carry an ID to the operations that take it, and
-an `Allow` on a 405 that lists exactly the documented methods of the path."""
+an `Allow` on a 405 that lists exactly the documented methods of the path,
+and the rules the server holds a request body to stated in the schema."""
 
 from __future__ import annotations
 
 import re
+from zoneinfo import available_timezones
 
+import jsonschema_rs
 import pytest
 
+from app import cron
 from app.api.app import create_app
-from app.api.openapi import LINKS, OPERATION_IDS
+from app.api.openapi import CRON_PATTERN, LINKS, OPERATION_IDS, TIMEZONE_PATTERN
 from app.settings import Settings
 from tests.http.helpers import assert_error
 
@@ -51,3 +55,65 @@ async def test_a_405_allows_exactly_the_documented_methods(client, path) -> None
     r = await client.request(wrong, concrete)
     assert_error(r, 405, "METHOD_NOT_ALLOWED")
     assert r.headers["allow"].split(", ") == documented, (path, r.headers["allow"])
+
+
+# The rules a request body is held to beyond its fields' types are stated in
+# the schema (app/api/openapi.py STATED_RULES): a request the schema calls
+# valid is not refused for a reason it hides, and one it calls invalid is refused.
+
+
+def _body_validator(operation_id: str) -> jsonschema_rs.Draft202012Validator:
+    [op] = [op for op in OPERATIONS.values() if op["operationId"] == operation_id]
+    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema_rs.Draft202012Validator({**schema, "components": SCHEMA["components"]})
+
+
+@pytest.mark.parametrize(("body", "valid"), [
+    ({"workflowId": "w", "timeoutSeconds": 60}, True),
+    ({"workflowId": "w", "deadline": "2999-01-01T00:00:00Z"}, True),
+    ({"workflowId": "w", "deadline": None, "timeoutSeconds": 60}, True),
+    ({"workflowId": "w", "deadline": "2999-01-01T00:00:00Z", "timeoutSeconds": 60}, False),
+])
+def test_admission_states_deadline_or_timeout_not_both(body, valid) -> None:
+    assert _body_validator("admitExecution").is_valid(body) is valid
+
+
+@pytest.mark.parametrize(("body", "valid"), [
+    ({"action": "retry"}, True),
+    ({"action": "succeed", "result": None}, True),
+    ({"action": "fail", "error": {"name": "E", "message": "m"}}, True),
+    ({"action": "succeed"}, False),
+    ({"action": "retry", "result": 1}, False),
+    ({"action": "fail"}, False),
+    ({"action": "retry", "error": {"name": "E", "message": "m"}}, False),
+])
+def test_a_resolution_states_which_fields_go_with_which_action(body, valid) -> None:
+    assert _body_validator("resolveStep").is_valid(body) is valid
+
+
+@pytest.mark.parametrize(("body", "valid"), [
+    ({"action": "cancel", "filter": {"workflowId": "w"}}, True),
+    ({"action": "cancel", "filter": {}}, False),
+    ({"action": "cancel", "filter": {"workflowId": None}}, False),
+])
+def test_a_bulk_operation_states_that_its_filter_names_a_condition(body, valid) -> None:
+    assert _body_validator("createOperation").is_valid(body) is valid
+
+
+@pytest.mark.parametrize("expression", ["0 2 * * *", "*/15 * * * *", "0 9 * * MON-fri",
+                                        "@daily", "0 0 1,15 */2 *", " 5 4 * * sun "])
+def test_the_cron_pattern_admits_what_the_server_parses(expression) -> None:
+    cron.parse(expression)
+    assert re.search(CRON_PATTERN, expression), expression
+
+
+@pytest.mark.parametrize("expression", ["C", "0 2 * *", "0 2 * * * *", "@every", "0;2 * * * *"])
+def test_the_cron_pattern_refuses_what_the_server_cannot_parse(expression) -> None:
+    with pytest.raises(cron.CronError):
+        cron.parse(expression)
+    assert not re.search(CRON_PATTERN, expression), expression
+
+
+def test_the_timezone_pattern_admits_every_zone_the_server_knows() -> None:
+    refused = [z for z in available_timezones() if not re.search(TIMEZONE_PATTERN, z)]
+    assert not refused, refused
