@@ -20,6 +20,9 @@ Fixtures:
   empty_database_url function str: URL of a fresh, empty database (no migrations); dropped after
   settings           function app.settings.Settings for database_url (lease_seconds=30)
   pool               function asyncpg.Pool from app.db.create_pool(settings); closed after
+  store_settings     function the Settings the `store` fixture uses: `settings`, unless a
+                              folder's conftest overrides it with its own
+  store              function ExecutionStore on `pool` with `store_settings`
   embedded_server    function a private, restartable EmbeddedPostgres (stop()/start()) on a
                               fresh temp dir, not migrated; stopped and deleted after
 """
@@ -47,6 +50,7 @@ from app.db import asyncpg_dsn, create_pool
 from app.embedded import EmbeddedPostgres
 from app.migrate import upgrade
 from app.settings import Settings
+from app.store import ExecutionStore
 
 _CREATE_TIMES_MS: list[float] = []
 
@@ -284,6 +288,16 @@ async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
     finally:
         with contextlib.suppress(Exception):
             await p.close()
+
+
+@pytest.fixture
+def store_settings(settings: Settings) -> Settings:
+    return settings
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool, store_settings: Settings) -> ExecutionStore:
+    return ExecutionStore.from_settings(pool, store_settings)
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.support.processes import REPO_ROOT, _die_with_parent
+from tests.support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -61,15 +61,14 @@ class ApiProcess:
         return self.proc.pid
 
     async def wait_ready(self, timeout: float = 30, host: str = "localhost") -> ApiProcess:
-        deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(base_url=self.base, timeout=2) as c:
-            while True:
+            async def ready() -> bool:
                 assert self.proc.poll() is None, f"api exited:\n{self.log()}"
-                with contextlib.suppress(httpx.TransportError):
-                    if (await c.get("/readyz", headers={"host": host})).status_code == 200:
-                        return self
-                assert time.monotonic() < deadline, f"api not ready:\n{self.log()}"
-                await asyncio.sleep(0.05)
+                return (await c.get("/readyz", headers={"host": host})).status_code == 200
+
+            await wait_until(ready, timeout=timeout, interval=0.05, what="api ready",
+                             tolerate=(httpx.TransportError,), detail=self.log)
+        return self
 
     def log(self) -> str:
         self._log.flush()

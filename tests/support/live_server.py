@@ -12,6 +12,8 @@ import threading
 import httpx
 import uvicorn
 
+from tests.support.waiting import wait_until
+
 
 class ServerThread:
     def __init__(self, app, *, name: str = "test-server", **uvicorn_options) -> None:
@@ -28,12 +30,11 @@ class ServerThread:
 
     async def start(self):
         self.thread.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while not self.server.started:
+        def started() -> bool:
             assert self.thread.is_alive(), "the test server failed to start (see the log)"
-            assert loop.time() < deadline, "the test server did not start in 20 s"
-            await asyncio.sleep(0.02)
+            return self.server.started
+
+        await wait_until(started, timeout=20, interval=0.02, what="the test server started")
         return self
 
     def client(self, **kw) -> httpx.AsyncClient:

@@ -5,19 +5,19 @@ compose suites, each with its own workflows module and timings."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import asyncpg
+
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,12 +57,8 @@ class WorkerProcess:
 
     async def wait_exit(self, timeout: float) -> int:
         """The exit code; AssertionError if the process is still running after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {self.name} (pid {self.pid}) still running "
-                                     f"after {timeout:.1f}s")
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: self.proc.poll() is not None, timeout=timeout, interval=0.02,
+                         what=f"worker {self.name} (pid {self.pid}) to exit")
         return self.proc.returncode
 
     def log(self) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from app.registry import WorkflowDefinition
 from app.settings import Settings
 from app.worker import Worker
+from tests.support.waiting import wait_until
 
 
 class InProcessWorkers:
@@ -19,6 +20,7 @@ class InProcessWorkers:
         self.default_concurrency = default_concurrency
         self.before_stop = before_stop  # e.g. open every gate a delivery may wait on
         self.tasks: dict[Worker, asyncio.Task] = {}
+        self.rounds: dict[Worker, int] = {}  # claim rounds finished, per worker
 
     async def start(self, concurrency: int | None = None, workflows=None, **overrides) -> Worker:
         """Start a worker (settings overridden by keyword) and return once it
@@ -28,14 +30,35 @@ class InProcessWorkers:
                         concurrency=concurrency or self.default_concurrency)
         task = asyncio.create_task(worker.run(), name=f"worker {worker.worker_id}")
         self.tasks[worker] = task
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while worker.store is None:
+
+        def running() -> bool:
             if task.done():
                 task.result()  # raises what killed it
-            assert loop.time() < deadline, "worker did not start"
-            await asyncio.sleep(0.01)
+            return worker.store is not None
+
+        await wait_until(running, timeout=10, interval=0.01, what="the worker started")
+        self._count_claim_rounds(worker)
         return worker
+
+    def _count_claim_rounds(self, worker: Worker) -> None:
+        self.rounds[worker] = 0
+        claim_due = worker.store.claim_due
+
+        async def counted(*args, **kwargs):
+            try:
+                return await claim_due(*args, **kwargs)
+            finally:
+                self.rounds[worker] += 1
+
+        worker.store.claim_due = counted  # type: ignore[method-assign]
+
+    async def claim_rounds(self, n: int = 2, *, timeout: float = 10.0) -> None:
+        """Return once every running worker has finished `n` more claim rounds
+        (looked for due executions `n` more times): "nobody claims it" is then
+        shown by the workers having looked, not by time having passed."""
+        start = {worker: self.rounds[worker] for worker in self.tasks}
+        await wait_until(lambda: all(self.rounds[w] >= start[w] + n for w in start),
+                         timeout=timeout, what=f"{n} more claim rounds of every worker")
 
     async def stop(self, worker: Worker, timeout: float = 10.0) -> None:
         worker.request_stop()
