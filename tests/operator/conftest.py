@@ -62,8 +62,8 @@ def op_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, op_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, op_settings)
+def store_settings(op_settings: Settings) -> Settings:
+    return op_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture

@@ -11,15 +11,13 @@ short FENCEPOST_* timings (lease 1 s, renew 0.2 s, poll 0.2 s, redelivery
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from tests.support.processes import WorkerProcess, is_registered, spawn_worker
+from tests.support.waiting import wait_until
 
 FLOWS_MODULE = "tests.operator.flows"
 
@@ -60,7 +58,7 @@ class Procs:
         """Spawn a worker and return once it has registered (pid matches)."""
         p = self.spawn(name, concurrency=concurrency, settings=settings, args=args)
 
-        await wait_for(lambda: is_registered(self.pool, p), timeout=20, what=f"worker {name} registered")
+        await wait_until(lambda: is_registered(self.pool, p), timeout=20, what=f"worker {name} registered")
         return p
 
     def kill_all(self) -> None:
@@ -71,18 +69,3 @@ class Procs:
         return "\n".join(
             f"===== worker {p.name} (pid {p.pid}, exit {p.proc.poll()}) =====\n{p.log()}"
             for p in self.all)
-
-
-async def wait_for(predicate: Callable[[], Awaitable[Any] | Any], *, timeout: float, what: str,
-                   interval: float = 0.03) -> Any:
-    """Poll `predicate` (sync or async) until it returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        await asyncio.sleep(interval)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore
-from tests.operator.helpers import admit, record
+from tests.support.admission import admit
+from tests.support.responses import get_record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,7 +21,7 @@ def at(value: str | None) -> datetime | None:
 
 
 async def blocked(api: httpx.AsyncClient, eid: str) -> dict | None:
-    return (await record(api, eid))["blockedBy"]
+    return (await get_record(api, eid))["blockedBy"]
 
 
 async def register(store: ExecutionStore, worker_id: str, workflows: list[str]) -> None:
@@ -30,7 +31,7 @@ async def register(store: ExecutionStore, worker_id: str, workflows: list[str]) 
 async def test_no_worker_then_due(store: ExecutionStore, pool: asyncpg.Pool,
                                   api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "bb-due")
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     # No worker at all.
     assert rec["blockedBy"] == {"reason": "no-worker", "workflowId": "op-quick",
                                 "since": rec["dueAt"]}, rec
@@ -46,7 +47,7 @@ async def test_no_worker_then_due(store: ExecutionStore, pool: asyncpg.Pool,
     assert (await blocked(api, eid))["reason"] == "no-worker"
 
     await register(store, "w-live", ["op-quick"])
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["blockedBy"] == {"reason": "due", "since": rec["dueAt"]}, rec
 
     workers = {w["workerId"]: w for w in (await api.get("/v1/workers")).json()["workers"]}
@@ -60,14 +61,14 @@ async def test_leased_and_lease_expired(store: ExecutionStore, pool: asyncpg.Poo
                                         api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "bb-leased")
     [d] = await store.claim_due(1, 30, "holder-1")
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["blockedBy"] == {"reason": "leased", "owner": "holder-1",
                                 "until": rec["lease"]["expiresAt"]}, rec
     assert at(rec["blockedBy"]["until"]) == d.lease.expires_at
 
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = $1", eid)
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     bb = rec["blockedBy"]
     assert bb["reason"] == "lease-expired", rec
     assert at(bb["since"]) < at(bb["until"]), bb  # takeover after the redelivery delay
@@ -80,7 +81,7 @@ async def test_redelivery_delay(pool: asyncpg.Pool, api: httpx.AsyncClient) -> N
     await register(slow, "w", ["op-quick"])
     [d] = await slow.claim_due(1, 30, "w")
     await slow.release(d.lease)
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["blockedBy"] == {"reason": "redelivery-delay", "until": rec["redeliverAfter"]}, rec
     assert at(rec["redeliverAfter"]) - at(rec["lastUnacknowledgedAt"]) == timedelta(seconds=60)
 
@@ -154,7 +155,7 @@ async def test_parked_for_each_reason_and_none_when_terminal(
     await store.sweep_interrupted()
     for eid, status in ((done, "completed"), (failed, "failed"), (cancelled, "cancelled"),
                         (timed_out, "timed_out")):
-        rec = await record(api, eid)
+        rec = await get_record(api, eid)
         assert (rec["status"], rec["blockedBy"]) == (status, None), rec
 
     # The listing carries the same answer.

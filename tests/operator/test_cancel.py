@@ -13,16 +13,11 @@ import pytest
 
 from app.store import ExecutionStore, LeaseLost
 from tests.operator import flows
-from tests.operator.helpers import (
-    admit,
-    assert_error,
-    event_count,
-    events_of,
-    kinds,
-    record,
-    wait_status,
-)
+from tests.support.admission import admit
+from tests.support.history import event_count, events_of, kinds
 from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
+from tests.support.responses import assert_error, get_record
+from tests.support.waiting import wait_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +27,7 @@ async def test_cancel_unleased_suspended_execution_is_delivered_once_more_then_c
     await workers.start()
     eid = await admit(store, "op-sleep", "cancel-suspended", {"seconds": 3600})
     await wait_status(store, eid, "suspended")
-    before = await record(api, eid)
+    before = await get_record(api, eid)
     assert before["blockedBy"]["reason"] == "sleeping" and before["dueAt"] is not None, before
 
     r = await api.post(f"/v1/executions/{eid}/cancel", json={"by": "alice"})
@@ -40,7 +35,7 @@ async def test_cancel_unleased_suspended_execution_is_delivered_once_more_then_c
     assert r.status_code == 202 and r.json() == {"status": "suspended"}, r.text
 
     await wait_status(store, eid, "cancelled")
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["status"] == "cancelled" and rec["blockedBy"] is None, rec
     assert rec["outcome"]["error"]["name"] == "Cancelled", rec
     assert rec["dueAt"] is None and rec["cancelRequestedAt"] is not None, rec
@@ -50,7 +45,7 @@ async def test_cancel_unleased_suspended_execution_is_delivered_once_more_then_c
         "cancel_requested", "claimed", "acknowledged", "cancelled"], kinds
     [requested] = [e for e in events if e["kind"] == "cancel_requested"]
     assert requested["detail"] == {"by": "alice"}
-    await asyncio.sleep(0.3)  # a poll later: nobody delivered it again
+    await workers.claim_rounds(2)  # the worker looked again: nobody delivered it again
     assert (await store.get(eid))["token"] == 2  # the first delivery and the cleanup's
     assert ("cancel-suspended", "after") not in flows.CALLS
 
@@ -72,7 +67,7 @@ async def test_cancel_unleased_admitted_and_parked_executions(
     await store.park_outcome_unknown(d.lease, "charge")
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "cancelled"}, r.text
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["status"] == "cancelled" and rec["parked"] is None and rec["blockedBy"] is None
 
 
@@ -84,7 +79,7 @@ async def test_cancel_leased_execution_stops_at_the_holders_next_fenced_write(
 
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "running"}, r.text
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["status"] == "running" and rec["cancelRequestedAt"] is not None, rec
     assert rec["blockedBy"]["reason"] == "leased" and rec["blockedBy"]["cancelRequested"], rec
     assert rec["blockedBy"]["owner"] == worker.worker_id

@@ -13,15 +13,10 @@ import pytest
 from app.reaper import LeaseReaper
 from app.store import ExecutionStore
 from tests.operator import flows
-from tests.operator.helpers import (
-    admit,
-    admit_api,
-    assert_error,
-    event_count,
-    events_of,
-    record,
-    wait_status,
-)
+from tests.support.admission import admit, admit_api
+from tests.support.history import event_count, events_of
+from tests.support.responses import assert_error, get_record
+from tests.support.waiting import wait_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,7 +38,7 @@ async def test_timed_out_while_suspended_by_the_reaper_sweep(
     assert await store.claim_due(10, 30, "w") == []  # past its deadline: nobody claims it
     await LeaseReaper(store).run_once()
 
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["status"] == "timed_out" and rec["blockedBy"] is None, rec
     assert rec["outcome"]["error"]["name"] == "DeadlineExceeded", rec
     assert rec["dueAt"] is None
@@ -135,28 +130,28 @@ async def test_deadline_and_timeout_seconds_at_admission(
 
     r = await admit_api(api, "op-quick", "adm-deadline", deadline="2099-01-01T01:00:00+01:00")
     assert r.status_code == 201, r.text
-    assert at((await record(api, "adm-deadline"))["deadline"]) == datetime(2099, 1, 1, tzinfo=UTC)
+    assert at((await get_record(api, "adm-deadline"))["deadline"]) == datetime(2099, 1, 1, tzinfo=UTC)
 
     r = await admit_api(api, "op-quick", "adm-timeout", timeoutSeconds=120)
     assert r.status_code == 201, r.text
-    rec = await record(api, "adm-timeout")
+    rec = await get_record(api, "adm-timeout")
     assert at(rec["deadline"]) - at(rec["admittedAt"]) == timedelta(seconds=120), rec
 
     r = await admit_api(api, "op-quick", "adm-none")
-    assert r.status_code == 201 and (await record(api, "adm-none"))["deadline"] is None
+    assert r.status_code == 201 and (await get_record(api, "adm-none"))["deadline"] is None
 
     # The workflow's default (5 minutes) applies when none is given...
     r = await admit_api(api, "op-default-timeout", "adm-default")
     assert r.status_code == 201, r.text
-    rec = await record(api, "adm-default")
+    rec = await get_record(api, "adm-default")
     assert at(rec["deadline"]) - at(rec["admittedAt"]) == timedelta(minutes=5), rec
     # ...and either form given at admission overrides it.
     await admit_api(api, "op-default-timeout", "adm-default-timeout", timeoutSeconds=10)
-    rec = await record(api, "adm-default-timeout")
+    rec = await get_record(api, "adm-default-timeout")
     assert at(rec["deadline"]) - at(rec["admittedAt"]) == timedelta(seconds=10), rec
     await admit_api(api, "op-default-timeout", "adm-default-deadline",
                     deadline="2099-06-01T00:00:00Z")
-    rec = await record(api, "adm-default-deadline")
+    rec = await get_record(api, "adm-default-deadline")
     assert at(rec["deadline"]) == datetime(2099, 6, 1, tzinfo=UTC), rec
 
 

@@ -17,8 +17,11 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore
-from tests.operator.helpers import admit, events_of, record, wait_for, wait_status
 from tests.operator.procs import LEASE_SECONDS, Procs
+from tests.support.admission import admit
+from tests.support.history import events_of
+from tests.support.responses import get_record
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -59,8 +62,8 @@ async def kill_inside_the_effect(procs: Procs, pool: asyncpg.Pool, eids: list[st
     """Worker A calls the remote for every execution and hangs there; the
     attempt was persisted first; then A is SIGKILLed."""
     a = await procs.start("A", concurrency=len(eids) + 2)
-    await wait_for(lambda: all_called(pool, eids, a.pid), timeout=15,
-                   what="A inside the remote call of every execution")
+    await wait_until(lambda: all_called(pool, eids, a.pid), timeout=15,
+                     what="A inside the remote call of every execution")
     for eid in eids:
         attempt = await effect_row(pool, eid)
         assert attempt is not None and attempt["status"] == "started", attempt
@@ -137,7 +140,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
     b = await procs.start("B")
     for eid in eids:
         await wait_status(store, eid, "parked", timeout=15)
-        rec = await record(api, eid)
+        rec = await get_record(api, eid)
         assert rec["blockedBy"] == {"reason": "parked", "parkedReason": "outcome_unknown",
                                     "step": "charge"}, rec
         assert rec["parked"] == {"reason": "outcome_unknown", "step": "charge"}, rec
@@ -152,7 +155,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
         assert [c["pid"] for c in await remote_calls(pool, eid)] == [a.pid]
 
     # Nobody claims a parked execution, however long a live worker waits.
-    await asyncio.sleep(LEASE_SECONDS + 0.5)
+    await asyncio.sleep(LEASE_SECONDS + 0.5)  # B polls through a whole lease: no claim
     assert b.alive()
     for eid in eids:
         rec = await store.get(eid)
@@ -215,7 +218,7 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
     eid = "eff-pause"
     await admit(store, "op-charge", eid, {"recovery": "idempotent", "hang": hang})
     a = await procs.start("A", settings=a_settings)
-    await wait_for(lambda: all_called(pool, [eid], a.pid), timeout=15, what="A inside the effect")
+    await wait_until(lambda: all_called(pool, [eid], a.pid), timeout=15, what="A inside the effect")
 
     a.send(signal.SIGSTOP)
     try:
@@ -242,7 +245,7 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
                        for e in await events_of(store, eid, "fenced_write_rejected"))
 
         try:
-            await wait_for(a_rejected, timeout=20, what="A's fenced write rejected")
+            await wait_until(a_rejected, timeout=20, what="A's fenced write rejected")
         finally:
             await held_lock.commit()
             await pool.release(holder)
@@ -251,7 +254,7 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
         return (await api.get(f"/v1/executions/{eid}/late-observations")).json()[
             "lateObservations"]
 
-    await wait_for(late, timeout=5, what="A's result as a late observation")
+    await wait_until(late, timeout=5, what="A's result as a late observation")
     await asyncio.sleep(0.5)  # room for any further (wrong) write by A
     assert a.alive(), "a paused worker survives losing its lease"
 

@@ -15,11 +15,13 @@ from app.blocked import blocked_by
 from app.reaper import LeaseReaper
 from app.store import ExecutionStore
 from app.ui import views
-from tests.operator.helpers import admit, record
+from tests.support.admission import admit
+from tests.support.responses import get_record
 
 pytestmark = pytest.mark.timeout(60)
 
-# DESIGN.md's reasons, and the child wait; "none" stands for terminal.
+# Why an execution is not running now (blockedBy.reason), the child wait
+# included; "none" stands for terminal.
 REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "sleeping",
            "waiting-for-signal", "waiting-for-child", "no-worker", "due")
 
@@ -86,7 +88,7 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     assert total == len(expected)
     listed = {r["execution_id"]: r for r in rows}
     for eid, reason in expected.items():
-        api_answer = (await record(api, eid))["blockedBy"]
+        api_answer = (await get_record(api, eid))["blockedBy"]
         api_reason = api_answer["reason"] if api_answer else "none"
         row = listed[eid]
         python = blocked_by(row, live)
@@ -100,7 +102,7 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
         assert (n, [r["execution_id"] for r in found]) == (1, [eid]), reason
 
     # The parent waiting for its child is not "waiting for a free worker".
-    assert (await record(api, "r-parent"))["blockedBy"] == {
+    assert (await get_record(api, "r-parent"))["blockedBy"] == {
         "reason": "waiting-for-child", "child": "r-parent~child"}
     page = await api.get("/ui/executions/r-parent")
     assert page.status_code == 200, page.text
@@ -190,18 +192,18 @@ async def test_an_unheld_record_past_its_cleanup_window_reads_timed_out_before_t
     # for the delivery that raises DeadlineExceeded, due at once.
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 second', "
                        "due_at = now() - interval '1 second' WHERE execution_id = $1", eid)
-    within = await record(api, eid)
+    within = await get_record(api, eid)
     assert within["status"] == "suspended", within
     assert within["blockedBy"]["reason"] in ("due", "no-worker"), within
     # The window closed with no delivery: it reads timed_out before the sweep.
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 hour' "
                        "WHERE execution_id = $1", eid)
-    healed = await record(api, eid)
+    healed = await get_record(api, eid)
     assert (healed["status"], healed["blockedBy"]) == ("timed_out", None), healed
     assert healed["outcome"]["error"]["name"] == "DeadlineExceeded"
     assert await store.status_counts() == {"timed_out": 1}
     await LeaseReaper(store).run_once()
-    swept = await record(api, eid)
+    swept = await get_record(api, eid)
     for key in ("status", "outcome", "dueAt", "blockedBy", "parked"):
         assert swept[key] == healed[key], key
 

@@ -11,7 +11,8 @@ import pytest
 
 from app.blocked import REASONS
 from app.store import ExecutionStore
-from tests.operator.helpers import admit, assert_error
+from tests.support.admission import admit
+from tests.support.responses import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore
-from tests.operator.helpers import admit, wait_for
 from tests.operator.procs import Procs
+from tests.support.admission import admit
 from tests.support.api_process import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,7 +32,7 @@ async def test_a_kill_9_takeover_is_counted_once_and_logged(
         procs: Procs, store: ExecutionStore, pool: asyncpg.Pool) -> None:
     a = await procs.start("A", concurrency=1)
     eid = await admit(store, "op-quick", "k9")  # blocks at its gate in A for good
-    await wait_for(lambda: pool.fetchval(
+    await wait_until(lambda: pool.fetchval(
         "SELECT lease_owner = 'op-worker-A' FROM executions WHERE execution_id = $1", eid),
         timeout=20, what="A holds k9")
     a.send(signal.SIGKILL)
@@ -39,7 +40,7 @@ async def test_a_kill_9_takeover_is_counted_once_and_logged(
 
     port = free_port()
     b = await procs.start("B", concurrency=1, args=("--metrics-port", str(port)))
-    await wait_for(lambda: pool.fetchval(
+    await wait_until(lambda: pool.fetchval(
         "SELECT lease_owner = 'op-worker-B' FROM executions WHERE execution_id = $1", eid),
         timeout=20, what="B holds k9")
     expired = await pool.fetch("SELECT token, detail FROM execution_events "

@@ -11,16 +11,11 @@ import pytest
 
 from app.store import ExecutionStore
 from tests.operator import flows
-from tests.operator.helpers import (
-    admit,
-    assert_error,
-    event_count,
-    events_of,
-    record,
-    wait_for,
-    wait_status,
-)
 from tests.operator.procs import LEASE_SECONDS, Procs
+from tests.support.admission import admit
+from tests.support.history import event_count, events_of
+from tests.support.responses import assert_error, get_record
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -39,7 +34,7 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     eid = await admit(store, "op-poison", "poison-retry", timeout_seconds=3600)
     await wait_status(store, eid, "parked")
 
-    rec = await record(api, eid)
+    rec = await get_record(api, eid)
     assert rec["parked"] == {"reason": "poison", "step": None}, rec
     assert rec["blockedBy"] == POISON, rec
     assert (rec["unacknowledgedDeliveries"], rec["token"], rec["lease"]) == (MAX, MAX, None), rec
@@ -52,7 +47,7 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     # The parking names the last reasons: the workflow's Retry, newest first.
     assert [(r["name"], r["message"]) for r in reasons] == [("Retry", "not today")] * MAX, reasons
 
-    await asyncio.sleep(0.5)  # several polls and redelivery delays: nobody claims it
+    await workers.claim_rounds(3)  # the worker looked again and again: nobody claims it
     assert (await store.get(eid))["token"] == MAX and len(deliveries(eid)) == MAX
 
     r = await api.post(f"/v1/executions/{eid}/resume", json={"by": "bob"})
@@ -61,7 +56,7 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     assert resumed["detail"] == {"by": "bob", "unacknowledgedDeliveries": MAX}, resumed
 
     # Due again with the counter kept: one more unacknowledged delivery parks it again.
-    await wait_for(lambda: len(deliveries(eid)) == MAX + 1, timeout=5, what="a 4th delivery")
+    await wait_until(lambda: len(deliveries(eid)) == MAX + 1, timeout=5, what="a 4th delivery")
     rec = await wait_status(store, eid, "parked")
     assert (rec["parked_reason"], rec["unacknowledged_deliveries"], rec["token"]) == (
         "poison", MAX + 1, MAX + 1), rec
@@ -89,7 +84,7 @@ async def test_poison_parking_without_a_deadline_records_the_reason_and_can_be_r
         assert (rec["status"], rec["unacknowledged_deliveries"]) == ("parked", MAX), rec
         [parked] = await events_of(store, eid, "parked")
         assert parked["detail"]["reason"] == "poison"  # the event says so...
-        assert (await record(api, eid))["blockedBy"] == POISON  # ...the record must too
+        assert (await get_record(api, eid))["blockedBy"] == POISON  # ...the record must too
         r = await api.post(f"/v1/executions/{eid}/resume")
         assert r.status_code == 200 and r.json() == {"status": "admitted"}, r.text
 
@@ -132,12 +127,12 @@ async def test_worker_process_crashing_every_delivery_ends_parked_as_poison(
     rec = await wait_status(store, eid, "parked", timeout=LEASE_SECONDS + 5)
     assert (rec["parked_reason"], rec["unacknowledged_deliveries"], rec["token"]) == (
         "poison", MAX, MAX), rec
-    await asyncio.sleep(LEASE_SECONDS)
+    await asyncio.sleep(LEASE_SECONDS)  # a lease of a live worker polling: still nobody claims it
     assert survivor.alive() and (await store.get(eid))["token"] == MAX
     claimed = await events_of(store, eid, "claimed")
     assert [e["detail"]["owner"] for e in claimed] == [w.worker_id for w in dead], claimed
     assert [e["token"] for e in await events_of(store, eid, "lease_expired")] == [1, 2, 3]
-    assert (await record(api, eid))["blockedBy"] == POISON
+    assert (await get_record(api, eid))["blockedBy"] == POISON
 
     # Resumed: the survivor takes it, dies, and the counter (kept) parks it at once.
     r = await api.post(f"/v1/executions/{eid}/resume")

@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore
-from tests.operator.helpers import admit, assert_error, event_count
+from tests.support.admission import admit
+from tests.support.history import event_count
+from tests.support.responses import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore
-from tests.operator.helpers import admit
 from tests.operator.procs import Procs
+from tests.support.admission import admit
 
 pytestmark = pytest.mark.timeout(90)
 
