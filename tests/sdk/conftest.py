@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
@@ -43,10 +42,14 @@ def sdk_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, sdk_settings: Settings) -> ExecutionStore:
-    s = ExecutionStore.from_settings(pool, sdk_settings)
-    flows.STORE["store"] = s
-    return s
+def store_settings(sdk_settings: Settings) -> Settings:
+    return sdk_settings  # the `store` fixture (tests/conftest.py) uses these
+
+
+@pytest.fixture
+def store(store: ExecutionStore) -> ExecutionStore:
+    flows.STORE["store"] = store  # the workflows under test read the store from here
+    return store
 
 
 @pytest_asyncio.fixture

@@ -19,7 +19,10 @@ import app.worker
 from app.metrics import METRICS
 from app.store import ExecutionStore
 from tests.sdk import flows
-from tests.sdk.helpers import admit, events_of, steal_lease, wait_status, wait_until
+from tests.support.admission import admit
+from tests.support.clocks import steal_lease
+from tests.support.history import events_of
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

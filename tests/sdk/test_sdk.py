@@ -15,18 +15,10 @@ from datetime import timedelta
 import pytest
 
 from tests.sdk import flows
-from tests.sdk.helpers import (
-    admit,
-    events_of,
-    fast_forward_timer,
-    kinds_ignoring_late_renewals,
-    parse_ts,
-    signal_rows,
-    step_rows,
-    wait_event,
-    wait_status,
-    wait_until,
-)
+from tests.support.admission import admit
+from tests.support.clocks import fast_forward_timer, parse_ts
+from tests.support.history import events_of, kinds_ignoring_late_renewals, signal_rows, step_rows
+from tests.support.waiting import wait_event, wait_status, wait_until
 
 # ------------------------------------------------------------------- replay
 

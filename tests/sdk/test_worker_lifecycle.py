@@ -10,13 +10,9 @@ import socket
 
 from tests.sdk import flows
 from tests.sdk.conftest import WORKFLOWS
-from tests.sdk.helpers import (
-    admit,
-    events_of,
-    kinds_ignoring_late_renewals,
-    wait_status,
-    wait_until,
-)
+from tests.support.admission import admit
+from tests.support.history import events_of, kinds_ignoring_late_renewals
+from tests.support.waiting import wait_status, wait_until
 
 
 async def test_stop_waits_up_to_the_grace_period_then_releases_the_lease(store, workers):

@@ -1,20 +1,20 @@
-"""RFC 001 / RFC 002 conformance rows that need workflow code and a running
-dispatcher (the store-level rows live in tests/integration). Each test is
-named after its row; real Worker coroutines run in-process on the test's
-database with a 1 s lease renewed every 0.2 s.
+"""Dispatch with workflow code and running workers (the store side of each
+rule: tests/store/test_execution_record.py and test_leases_and_fencing.py).
+Each test is named after the behaviour it checks; real Worker coroutines run
+in-process on the test's database with a 1 s lease renewed every 0.2 s.
 
-Rows covered here:
+Behaviours covered here:
 
-RFC 001  A terminal execution is delivered again -> its outcome, no workflow code
-RFC 001  A wake is requested during a delivery -> still due at that time after the ack
-RFC 002  Renewal keeps the lease past its original expiry -> one claim
-RFC 002  A delivery replies retry several times -> non-zero, non-decreasing delays
-RFC 002  Acknowledged after several retry replies -> counter back to 0, next wake not delayed
-RFC 002  N due and concurrency N -> all delivered without waiting for each other
-RFC 002  More due than concurrency -> never more than concurrency at once
-RFC 002  Several dispatchers share one backend -> never two live leases
-RFC 002  A lease lost at renewal / a holder pauses past expiry -> no further
-         fenced writes from the old holder; its late result kept as evidence
+  A terminal execution is delivered again -> its outcome, no workflow code
+  A wake is requested during a delivery -> still due at that time after the ack
+  Renewal keeps the lease past its original expiry -> one claim
+  A delivery replies retry several times -> non-zero, non-decreasing delays
+  Acknowledged after several retry replies -> counter back to 0, next wake not delayed
+  N due and concurrency N -> all delivered without waiting for each other
+  More due than concurrency -> never more than concurrency at once
+  Several dispatchers share one database -> never two live leases
+  A lease lost at renewal / a holder pauses past expiry -> no further
+    fenced writes from the old holder; its late result kept as evidence
 """
 
 from __future__ import annotations
@@ -29,17 +29,10 @@ import pytest
 
 from app.store import ExecutionStore
 from tests.sdk import flows
-from tests.sdk.helpers import (
-    END_KINDS,
-    admit,
-    events_of,
-    parse_ts,
-    steal_lease,
-    step_rows,
-    wait_event,
-    wait_status,
-    wait_until,
-)
+from tests.support.admission import admit
+from tests.support.clocks import parse_ts, steal_lease
+from tests.support.history import END_KINDS, events_of, step_rows
+from tests.support.waiting import wait_event, wait_status, wait_until
 
 
 async def test_terminal_execution_delivered_again_returns_outcome_without_running_code(
