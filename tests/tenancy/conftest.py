@@ -36,7 +36,6 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -46,11 +45,12 @@ from app.api.auth import new_token
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
+from tests.support.admission import admit_api
+from tests.support.asgi import asgi_client
 from tests.support.live_server import ServerThread
 from tests.support.timing import QUICK
+from tests.support.waiting import wait_until
 from tests.support.workers import InProcessWorkers
-
-BASE_URL = "http://fencepost.test"
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def tenancy_settings(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, tenancy_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, tenancy_settings)
+def store_settings(tenancy_settings: Settings) -> Settings:
+    return tenancy_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest.fixture
@@ -108,24 +108,14 @@ async def tokens(make_token: Callable) -> Tokens:
     )
 
 
-@contextlib.asynccontextmanager
-async def app_client(settings: Settings, workflows=None) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, workflows=workflows)
-    async with app.router.lifespan_context(app):
-        # raise_app_exceptions=False: an unhandled exception is the 500 a real server sends.
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as c:
-            c.app = app  # type: ignore[attr-defined]
-            yield c
-
-
 @pytest_asyncio.fixture
 async def make_api(tenancy_settings: Settings) -> AsyncIterator[Callable]:
     async with contextlib.AsyncExitStack() as stack:
 
         async def _make(settings: Settings | None = None, workflows=None) -> httpx.AsyncClient:
             return await stack.enter_async_context(
-                app_client(settings or tenancy_settings, workflows))
+                asgi_client(settings or tenancy_settings, workflows,
+                            raise_app_exceptions=False))
 
         yield _make
 
@@ -171,11 +161,8 @@ async def server(make_server: Callable) -> LiveServer:
 def admit_as() -> Callable:
     async def _admit(api: httpx.AsyncClient, token: Token | None, execution_id: str | None = None,
                      workflow_id: str = "wf", params=None, **body) -> str:
-        payload = {"workflowId": workflow_id, "params": {} if params is None else params, **body}
-        if execution_id is not None:
-            payload["executionId"] = execution_id
-        r = await api.post("/v1/executions", json=payload,
-                           headers=headers(token) if token is not None else None)
+        r = await admit_api(api, workflow_id, execution_id, params,
+                            headers=headers(token) if token is not None else None, **body)
         assert r.status_code == 201, r.text
         return r.json()["executionId"]
 
@@ -212,11 +199,8 @@ class BodyProbe:
             return path in self._reading
 
     async def reading(self, path: str, timeout: float = 10) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.has_read(path):
-            assert loop.time() < deadline, f"the app never asked for the body of {path}"
-            await asyncio.sleep(0.005)
+        await wait_until(lambda: self.has_read(path), timeout=timeout, interval=0.005,
+                         what=f"the app to ask for the body of {path}")
 
 
 async def raw_connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -15,12 +15,10 @@ cookies off and says so.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -28,6 +26,7 @@ import pytest
 from app.serve import is_loopback
 from tests.support.api_process import ApiProcess, api_env, free_port, raw_request, run_api_cli
 from tests.support.processes import REPO_ROOT, _die_with_parent
+from tests.support.waiting import wait_until
 from tests.tenancy.conftest import error_code
 
 NO_AUTH = {"FENCEPOST_AUTH": "disabled"}
@@ -159,15 +158,13 @@ async def test_fencepost_dev_turns_secure_cookies_off_and_says_so(database_url, 
         preexec_fn=_die_with_parent)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
         async with httpx.AsyncClient(base_url=base, timeout=5) as c:
-            while True:
+            async def ready() -> bool:
                 assert proc.poll() is None, (tmp_path / "dev.log").read_text()
-                with contextlib.suppress(httpx.TransportError):
-                    if (await c.get("/readyz")).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, (tmp_path / "dev.log").read_text()
-                await asyncio.sleep(0.1)
+                return (await c.get("/readyz")).status_code == 200
+
+            await wait_until(ready, timeout=60, interval=0.1, tolerate=(httpx.TransportError,),
+                             detail=(tmp_path / "dev.log").read_text, what="fencepost dev ready")
             r = await c.get("/ui")
         banner = (tmp_path / "dev.log").read_text()
         assert "FENCEPOST_COOKIE_SECURE=false" in banner, banner

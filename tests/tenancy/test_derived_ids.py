@@ -16,7 +16,8 @@ from datetime import UTC, timedelta
 from app import cron
 from app.registry import load_workflows
 from app.scheduler import Scheduler
-from tests.sdk.helpers import wait_status
+from tests.support.admission import admission_body
+from tests.support.waiting import wait_status
 from tests.tenancy.conftest import headers
 
 WORKFLOWS = load_workflows(["tests.tenancy.flows_g"])
@@ -25,7 +26,7 @@ WORKFLOWS = load_workflows(["tests.tenancy.flows_g"])
 
 
 def admit_body(execution_id: str, workflow_id: str = "g-plain") -> dict:
-    return {"workflowId": workflow_id, "params": {}, "executionId": execution_id}
+    return admission_body(workflow_id, execution_id)
 
 
 async def test_a_client_cannot_admit_an_id_with_the_system_separator(api, tokens, pool):

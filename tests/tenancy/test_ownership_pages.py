@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.store import Admitted, ExecutionStore, RetryingPool
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 
 async def execution_with(store, tokens, steps: int, late: int) -> str:

@@ -26,7 +26,7 @@ import time
 import pytest
 
 from app.store import ExecutionStore, RetryingPool
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 from tests.tenancy.conftest import (
     BodyProbe,
     error_code,

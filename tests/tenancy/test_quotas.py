@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from app.api.quotas import Bucket, QuotaLimiter
-from tests.http.helpers import assert_error
-from tests.support.races import wait_until
+from tests.support.admission import admit_api
+from tests.support.responses import assert_error
+from tests.support.waiting import wait_until
 from tests.tenancy.conftest import headers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def _admit(api, token, eid: str):
-    return await api.post("/v1/executions", json={"workflowId": "wf", "executionId": eid,
-                                                  "params": {}}, headers=headers(token))
+    return await admit_api(api, "wf", eid, headers=headers(token))
 
 
 # ------------------------------------------------------------------ HTTP

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from app.registry import load_workflows
 from app.scheduler import Scheduler
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 WORKFLOWS = load_workflows(["tests.schedules.flows"])
 SCHEDULE = {"scheduleId": "nightly", "workflowId": "sched-test-plain", "cron": "0 * * * *",

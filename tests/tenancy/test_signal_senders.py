@@ -17,9 +17,9 @@ import threading
 import pytest
 
 from app.registry import WorkflowRegistrationError, load_workflows, workflow
-from tests.sdk.helpers import wait_status, wait_until
 from tests.support.processes import is_registered, spawn_worker
 from tests.support.races import RowLock, until_waiting
+from tests.support.waiting import wait_status, wait_until
 from tests.support.workers import InProcessWorkers
 from tests.tenancy.conftest import error_code, headers, raw_connect, read_response, send_head
 
