@@ -18,17 +18,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.api.auth import new_token
 from app.settings import Settings
 from app.store import ExecutionStore
-
-BASE_URL = "http://fencepost.test"
+from tests.support.asgi import asgi_client
 
 
 def headers(token: str) -> dict[str, str]:
@@ -41,8 +38,8 @@ def auth_settings(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, auth_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, auth_settings)
+def store_settings(auth_settings: Settings) -> Settings:
+    return auth_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest.fixture
@@ -55,23 +52,13 @@ def make_token(store: ExecutionStore) -> Callable:
     return _make
 
 
-@contextlib.asynccontextmanager
-async def app_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, workflows=None)
-    async with app.router.lifespan_context(app):
-        # raise_app_exceptions=False: an unhandled exception is the 500 a real server sends.
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as c:
-            c.app = app  # type: ignore[attr-defined]
-            yield c
-
-
 @pytest_asyncio.fixture
 async def make_api(auth_settings: Settings) -> AsyncIterator[Callable]:
     async with contextlib.AsyncExitStack() as stack:
 
         async def _make(settings: Settings | None = None) -> httpx.AsyncClient:
-            return await stack.enter_async_context(app_client(settings or auth_settings))
+            return await stack.enter_async_context(
+                asgi_client(settings or auth_settings, raise_app_exceptions=False))
 
         yield _make
 

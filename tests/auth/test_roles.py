@@ -15,7 +15,7 @@ from app.api import auth as auth_module
 from app.settings import Settings
 from app.store import Admitted, ExecutionStore
 from tests.auth.conftest import headers
-from tests.http.helpers import JSON, assert_error
+from tests.support.responses import JSON, assert_error
 
 # One request per route: (method, path, kwargs).
 ADMIT = ("POST", "/v1/executions", {"json": {"workflowId": "wf", "params": {}}})
@@ -177,7 +177,7 @@ async def test_revocation_takes_effect_within_the_cache_window(api, store, make_
     token = await make_token("read", "soon-gone")
     assert (await api.get("/v1/executions", headers=headers(token))).status_code == 200
     assert await store.revoke_token("soon-gone") == 1
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.4)  # past the 0.3 s cache window: the passing time is the subject
     assert_unauthenticated(await api.get("/v1/executions", headers=headers(token)))
 
 
@@ -197,7 +197,7 @@ async def test_a_refusal_is_cached_no_longer_than_the_window(api, store, monkeyp
     token_id, token, digest = auth_module.new_token()
     assert_unauthenticated(await api.get("/v1/executions", headers=headers(token)))
     await store.create_token(token_id, name="late", role="read", secret_sha256=digest)
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.4)  # past the 0.3 s cache window: the passing time is the subject
     r = await api.get("/v1/executions", headers=headers(token))
     assert r.status_code == 200, r.text
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.auth.conftest import headers
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_RE = re.compile(r"fp_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
