@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 from tests.operator import conftest as operator_fixtures
-from tests.operator.helpers import admit_api, assert_error
+from tests.support.admission import admit_api
+from tests.support.responses import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 
 op_settings = operator_fixtures.op_settings
-store = operator_fixtures.store
+store_settings = operator_fixtures.store_settings  # the `store` fixture uses these
 api = operator_fixtures.api
 
 

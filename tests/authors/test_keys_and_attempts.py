@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
@@ -15,8 +14,10 @@ from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from tests.authors import keyflows
-from tests.sdk.helpers import admit, events_of, step_rows, wait_status
+from tests.support.admission import admit
+from tests.support.history import events_of, step_rows
 from tests.support.timing import quick_settings
+from tests.support.waiting import wait_status
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.authors.keyflows"])
@@ -29,9 +30,14 @@ def author_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, author_settings: Settings) -> ExecutionStore:
-    keyflows.CALLS.clear()
-    return ExecutionStore.from_settings(pool, author_settings)
+def store_settings(author_settings: Settings) -> Settings:
+    return author_settings  # the `store` fixture (tests/conftest.py) uses these
+
+
+@pytest.fixture
+def store(store: ExecutionStore) -> ExecutionStore:
+    keyflows.CALLS.clear()  # each test counts its own calls
+    return store
 
 
 @pytest_asyncio.fixture

@@ -10,14 +10,15 @@ import pytest
 
 from app.store import ExecutionStore
 from tests.operator import conftest as operator_fixtures
-from tests.operator.helpers import assert_error, event_count, events_of
 from tests.operator.test_resolve_and_history import parked_effect, snapshot
+from tests.support.history import event_count, events_of
+from tests.support.responses import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 
-# The operator suite's fixtures: short timings, an in-process API, the store.
+# The operator suite's fixtures: short timings, an in-process API, the store's settings.
 op_settings = operator_fixtures.op_settings
-store = operator_fixtures.store
+store_settings = operator_fixtures.store_settings  # the `store` fixture uses these
 api = operator_fixtures.api
 
 

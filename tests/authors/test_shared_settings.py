@@ -24,6 +24,7 @@ from app.store import ExecutionStore
 from tests.operator.procs import SETTINGS as SHORT
 from tests.support.api_process import api_env, run_api_cli
 from tests.support.processes import REPO_ROOT, WorkerProcess, is_registered, spawn_worker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,11 +44,9 @@ class Workers:
 
     async def started(self, pool: asyncpg.Pool, name: str, **settings) -> WorkerProcess:
         p = self.spawn(name, **settings)
-        for _ in range(1500):
-            if await is_registered(pool, p):
-                return p
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"worker {name} did not register:\n{p.log()}")
+        await wait_until(lambda: is_registered(pool, p), timeout=30, detail=p.log,
+                         what=f"worker {name} registered")
+        return p
 
 
 @pytest_asyncio.fixture
@@ -160,12 +159,8 @@ async def test_the_first_writer_wins_when_two_start_at_once(pool: asyncpg.Pool) 
         async def waiting() -> bool:
             return bool(await pool.fetchval(
                 "SELECT count(*) FROM pg_locks WHERE NOT granted"))
-        for _ in range(500):
-            if await waiting():
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the second store never waited on the first's row")
+        await wait_until(waiting, timeout=5, interval=0.01,
+                         what="the second store waiting on the first's row")
         assert not mine.done()
         await tx.commit()
         answer = await asyncio.wait_for(mine, 10)
