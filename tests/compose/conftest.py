@@ -48,10 +48,15 @@ def cmp_settings(database_url: str) -> Settings:
     return quick_settings(database_url)
 
 
+@pytest.fixture
+def store_settings(cmp_settings: Settings) -> Settings:
+    return cmp_settings  # the `store` fixture (tests/conftest.py) uses these
+
+
 @pytest_asyncio.fixture
-async def store(pool: asyncpg.Pool, cmp_settings: Settings) -> ExecutionStore:
-    await pool.execute(flows.SHOP_DDL)
-    return ExecutionStore.from_settings(pool, cmp_settings)
+async def store(store: ExecutionStore, pool: asyncpg.Pool) -> ExecutionStore:
+    await pool.execute(flows.SHOP_DDL)  # the shop tables the workflows under test write
+    return store
 
 
 @pytest_asyncio.fixture

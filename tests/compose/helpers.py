@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncpg
 
 from app.store import Delivery, ExecutionStore
-from tests.sdk.helpers import admit, events_of, step_rows, wait_status, wait_until  # noqa: F401
 
 TERMINAL = ("completed", "failed", "cancelled", "timed_out")
 

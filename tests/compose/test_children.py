@@ -14,17 +14,11 @@ import pytest
 
 from app.store import ExecutionStore, LeaseLost
 from tests.compose import flows
-from tests.compose.helpers import (
-    admit,
-    children_rows,
-    claim_one,
-    events_of,
-    expire_lease,
-    step_rows,
-    wait_status,
-    wait_until,
-)
+from tests.compose.helpers import children_rows, claim_one, expire_lease
+from tests.support.admission import admit
+from tests.support.history import events_of, step_rows
 from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
+from tests.support.waiting import wait_status, wait_until
 
 RACE_ROUNDS = 150
 

@@ -19,17 +19,11 @@ import pytest
 from app.sdk import json_problem
 from app.store import ExecutionStore, LeaseLost, StepRecord
 from tests.compose import flows
-from tests.compose.helpers import (
-    admit,
-    claim_one,
-    events_of,
-    expire_lease,
-    orders,
-    step_rows,
-    wait_status,
-    wait_until,
-)
+from tests.compose.helpers import claim_one, expire_lease, orders
+from tests.support.admission import admit
+from tests.support.history import events_of, step_rows
 from tests.support.races import Outcomes, StatementGate, until_waiting
+from tests.support.waiting import wait_status, wait_until
 
 RACE_ROUNDS = 150
 
