@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
@@ -47,8 +46,8 @@ def hard_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, hard_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, hard_settings)
+def store_settings(hard_settings: Settings) -> Settings:
+    return hard_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture

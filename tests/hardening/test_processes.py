@@ -82,7 +82,16 @@ async def test_a_step_that_never_returns_is_cancelled_within_its_cleanup_window(
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {"mode": mode, "seconds": 3600}, workflow_id="hard-hang")
     await h.wait_for(lambda: h.started(eid, "hang"), timeout=10, what="inside the hung step")
-    await asyncio.sleep(LEASE_SECONDS)  # the lease has been renewed meanwhile
+    first_expiry = await h.pool.fetchval(
+        "SELECT lease_expires_at FROM executions WHERE execution_id = $1", eid)
+
+    async def outlived_its_first_lease() -> bool:  # the lease has been renewed meanwhile
+        return await h.pool.fetchval(
+            "SELECT now() > $2 AND lease_expires_at > now() AND token = 1 "
+            "FROM executions WHERE execution_id = $1", eid, first_expiry)
+
+    await h.wait_for(outlived_its_first_lease, timeout=LEASE_SECONDS + 10,
+                     what="the hung step outlives its first lease")
 
     answer, _ = await h.store.request_cancel(eid, "test")
     requested = await h.pool.fetchval(

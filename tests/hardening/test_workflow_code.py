@@ -10,15 +10,10 @@ import asyncio
 import pytest
 
 from tests.hardening import flows
-from tests.sdk.helpers import (
-    admit,
-    events_of,
-    fast_forward_timer,
-    step_rows,
-    wait_event,
-    wait_status,
-    wait_until,
-)
+from tests.support.admission import admit
+from tests.support.clocks import fast_forward_timer
+from tests.support.history import events_of, step_rows
+from tests.support.waiting import wait_event, wait_status, wait_until
 
 # ----------------------------------------------------------- step timeouts
 
@@ -253,7 +248,7 @@ async def test_a_transactional_step_longer_than_the_lease_keeps_its_lease(store,
         samples.append(await pool.fetchval(
             "SELECT status <> 'running' OR lease_expires_at > now() FROM executions "
             "WHERE execution_id = $1", eid))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # sampling the lease over the step's whole 2.5 s
     assert len(samples) >= 15 and all(samples), samples
     record = await store.get(eid)
     assert record["status"] == "completed", record
@@ -285,7 +280,7 @@ async def test_the_acknowledgement_cannot_lose_a_race_to_the_drain_release(store
 
     async def slow_acknowledge(lease, status, **kw):
         entered.set()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the acknowledgement still in flight when the grace ends
         return await real(lease, status, **kw)
 
     worker.store.acknowledge = slow_acknowledge
