@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -33,8 +32,8 @@ def rd_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, rd_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, rd_settings)
+def store_settings(rd_settings: Settings) -> Settings:
+    return rd_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture

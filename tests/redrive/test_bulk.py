@@ -15,7 +15,10 @@ import pytest_asyncio
 from app.store import ExecutionStore
 from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
 from tests.acceptance.harness import Harness, opened
-from tests.operator.helpers import admit, assert_error, events_of, wait_for, wait_status
+from tests.support.admission import admit
+from tests.support.history import events_of
+from tests.support.responses import assert_error
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,7 +33,7 @@ async def finished(api: httpx.AsyncClient, op_id: str, timeout: float = 30) -> d
     async def check():
         op = await operation(api, op_id)
         return op if op["status"] != "running" else None
-    return await wait_for(check, timeout=timeout, what=f"operation {op_id} finished")
+    return await wait_until(check, timeout=timeout, what=f"operation {op_id} finished")
 
 
 async def test_a_bulk_cancel_reaches_every_matched_execution_and_reports_the_rest(

@@ -9,9 +9,12 @@ import httpx
 import pytest
 
 from app.store import ExecutionStore, LeaseLost
-from tests.operator.helpers import admit, assert_error, events_of, record, wait_for, wait_status
 from tests.redrive import flows
+from tests.support.admission import admit
+from tests.support.history import events_of
 from tests.support.races import RowLock, until_waiting
+from tests.support.responses import assert_error, get_record
+from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,10 +107,10 @@ async def test_a_cancelled_execution_redriven_runs_its_wait_again_not_its_cleanu
     assert r.status_code == 202 and r.json()["superseded"] == ["release"], r.text
 
     async def waiting() -> dict | None:
-        rec = await record(api, eid)
+        rec = await get_record(api, eid)
         return rec if (rec["blockedBy"] or {}).get("reason") == "waiting-for-signal" else None
 
-    rec = await wait_for(waiting, timeout=10, what="waiting for the decision again")
+    rec = await wait_until(waiting, timeout=10, what="waiting for the decision again")
     assert rec["cancelRequestedAt"] is None and rec["token"] == 3, rec
     answer, _ = await store.send_signal(eid, "decision", "yes")
     assert answer == "received"
