@@ -20,9 +20,9 @@ from app.registry import load_workflows
 from app.store import ExecutionStore
 from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
 from tests.acceptance.harness import LEASE_SECONDS, Harness, opened, steps_spec
-from tests.operator.helpers import wait_status
 from tests.support.asgi import asgi_client
 from tests.support.timing import quick_settings
+from tests.support.waiting import wait_status
 from tests.support.workers import InProcessWorkers
 
 pytestmark = pytest.mark.timeout(90)
