@@ -4,14 +4,13 @@ histograms, and the database gauges the API's /metrics reads."""
 import asyncio
 import re
 
-import httpx
-
-from app.api.app import create_app
 from app.metrics import METRICS
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from app.worker import Worker
+from tests.support.asgi import asgi_client
+from tests.support.waiting import wait_until
 
 
 def sample(text: str, name: str, labels: str = "") -> float:
@@ -19,13 +18,6 @@ def sample(text: str, name: str, labels: str = "") -> float:
     found = re.search(pattern, text, re.M)
     assert found, f"{name}{labels} missing from:\n{text}"
     return float(found.group(1))
-
-
-async def wait_until(predicate, timeout=15.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_metrics_are_present_and_move(database_url, pool):
@@ -43,40 +35,38 @@ async def test_metrics_are_present_and_move(database_url, pool):
     completed0 = sample(before, "fencepost_deliveries_total",
                         '{outcome="completed",workflow="mnt-ok"}')
 
-    app = create_app(settings, workflows)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            for i in range(3):
-                await store.admit(workflow_id="mnt-ok", params={}, execution_id=f"ok-{i}")
-            await store.admit(workflow_id="mnt-retry-once", params={}, execution_id="retry")
-            await store.admit(workflow_id="mnt-ok", params={}, execution_id="stuck")
-            await pool.execute(  # parked as poison, for the gauge
-                "UPDATE executions SET status = 'parked', parked_reason = 'poison', "
-                "unacknowledged_deliveries = 25, due_at = NULL WHERE execution_id = 'stuck'")
+    async with asgi_client(settings, workflows) as c:
+        for i in range(3):
+            await store.admit(workflow_id="mnt-ok", params={}, execution_id=f"ok-{i}")
+        await store.admit(workflow_id="mnt-retry-once", params={}, execution_id="retry")
+        await store.admit(workflow_id="mnt-ok", params={}, execution_id="stuck")
+        await pool.execute(  # parked as poison, for the gauge
+            "UPDATE executions SET status = 'parked', parked_reason = 'poison', "
+            "unacknowledged_deliveries = 25, due_at = NULL WHERE execution_id = 'stuck'")
 
-            gauges = (await c.get("/metrics")).text
-            assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
-                   for w in workflows) == 4
-            assert sample(gauges, "fencepost_parked_executions", '{reason="poison"}') == 1
-            assert sample(gauges, "fencepost_unacknowledged_deliveries_current") == 25
-            assert sample(gauges, "fencepost_oldest_due_age_seconds") >= 0
+        gauges = (await c.get("/metrics")).text
+        assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
+               for w in workflows) == 4
+        assert sample(gauges, "fencepost_parked_executions", '{reason="poison"}') == 1
+        assert sample(gauges, "fencepost_unacknowledged_deliveries_current") == 25
+        assert sample(gauges, "fencepost_oldest_due_age_seconds") >= 0
 
-            worker = Worker(settings, workflows, concurrency=4)
-            task = asyncio.create_task(worker.run())
-            try:
-                async def all_done():
-                    rows = await pool.fetch("SELECT status FROM executions "
-                                            "WHERE execution_id <> 'stuck'")
-                    return all(r["status"] == "completed" for r in rows)
-                await wait_until(all_done)
-            finally:
-                worker.request_stop()
-                await task
+        worker = Worker(settings, workflows, concurrency=4)
+        task = asyncio.create_task(worker.run())
+        try:
+            async def all_done():
+                rows = await pool.fetch("SELECT status FROM executions "
+                                        "WHERE execution_id <> 'stuck'")
+                return all(r["status"] == "completed" for r in rows)
+            await wait_until(all_done, timeout=15.0, what="every execution done")
+        finally:
+            worker.request_stop()
+            await task
 
-            gauges = (await c.get("/metrics")).text
-            assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
-                   for w in workflows) == 0
-            assert sample(gauges, "fencepost_executions_with_unacknowledged_deliveries") == 1
+        gauges = (await c.get("/metrics")).text
+        assert sum(sample(gauges, "fencepost_executions", f'{{status="admitted",workflow="{w}"}}')
+               for w in workflows) == 0
+        assert sample(gauges, "fencepost_executions_with_unacknowledged_deliveries") == 1
 
     after = METRICS.render().decode()
     assert sum(sample(after, "fencepost_claims_total", f'{{workflow="{w}"}}')

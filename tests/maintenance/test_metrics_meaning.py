@@ -14,10 +14,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.metrics import METRICS
 from app.settings import Settings
 from app.store import Admitted, ExecutionStore
+from tests.support.asgi import asgi_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,17 +40,14 @@ def m_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, m_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, m_settings)
+def store_settings(m_settings: Settings) -> Settings:
+    return m_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture
 async def api(m_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(m_settings, workflows={})
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                     base_url="http://t") as client:
-            yield client
+    async with asgi_client(m_settings, {}) as client:
+        yield client
 
 
 async def gauges(api: httpx.AsyncClient) -> str:

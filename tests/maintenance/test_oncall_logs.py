@@ -22,8 +22,11 @@ from app.api.auth import new_token
 from app.reaper import LeaseReaper
 from app.registry import load_workflows
 from app.settings import Settings
-from app.store import Admitted, ExecutionStore, LeaseLost
+from app.store import ExecutionStore, LeaseLost
 from app.worker import Worker
+from tests.support.admission import admit
+from tests.support.asgi import asgi_client
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,37 +42,25 @@ def l_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, l_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, l_settings)
+def store_settings(l_settings: Settings) -> Settings:
+    return l_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture
 async def api(l_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(l_settings, workflows=WORKFLOWS)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                     base_url="http://t") as client:
-            yield client
+    async with asgi_client(l_settings, WORKFLOWS) as client:
+        yield client
 
 
 def lines(caplog, kind: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "kind", None) == kind]
 
 
-async def admit(store: ExecutionStore, eid: str, workflow: str) -> str:
-    assert isinstance(await store.admit(workflow_id=workflow, params={}, execution_id=eid),
-                      Admitted)
-    return eid
-
-
 async def run_until(store: ExecutionStore, settings: Settings, done, timeout: float = 20) -> None:
     worker = Worker(settings, WORKFLOWS, concurrency=4, worker_id="log-worker")
     task = asyncio.create_task(worker.run())
     try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not await done():
-            assert asyncio.get_running_loop().time() < deadline, "timed out"
-            await asyncio.sleep(0.05)
+        await wait_until(done, timeout=timeout, interval=0.05, what="the deliveries to end")
     finally:
         worker.request_stop()
         await task
@@ -79,9 +70,9 @@ async def test_each_delivery_that_does_not_complete_says_why_and_completed_ones_
         store: ExecutionStore, pool: asyncpg.Pool, l_settings: Settings, caplog) -> None:
     caplog.set_level(logging.INFO)
     for i in range(20):
-        await admit(store, f"ok-{i}", "mnt-ok")
-    await admit(store, "declined", "mnt-fails")
-    await admit(store, "closed", "mnt-always-retry")
+        await admit(store, "mnt-ok", f"ok-{i}")
+    await admit(store, "mnt-fails", "declined")
+    await admit(store, "mnt-always-retry", "closed")
 
     async def settled():
         return await pool.fetchval(
@@ -112,7 +103,7 @@ async def test_a_takeover_says_old_and_new_owner_and_token(
         store: ExecutionStore, pool: asyncpg.Pool, caplog) -> None:
     caplog.set_level(logging.INFO)
     for eid in ("by-claim", "by-reaper"):
-        await admit(store, eid, "mnt-ok")
+        await admit(store, "mnt-ok", eid)
     await store.claim_due(2, 30, "crashed")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour'")
     [taken] = await store.claim_due(1, 30, "survivor")
@@ -130,7 +121,7 @@ async def test_a_takeover_says_old_and_new_owner_and_token(
 async def test_a_rejected_fenced_write_is_one_line(
         store: ExecutionStore, pool: asyncpg.Pool, l_settings: Settings, caplog) -> None:
     caplog.set_level(logging.INFO)
-    await admit(store, "stale", "mnt-ok")
+    await admit(store, "mnt-ok", "stale")
     [d] = await store.claim_due(1, 30, "old-holder")
     await pool.execute("UPDATE executions SET token = token + 1")  # another holder now
     worker = Worker(l_settings, WORKFLOWS, concurrency=1, worker_id="w")
@@ -146,7 +137,7 @@ async def test_a_rejected_fenced_write_is_one_line(
 async def test_operator_actions_say_who_what_and_which_execution(
         store: ExecutionStore, api: httpx.AsyncClient, caplog) -> None:
     caplog.set_level(logging.INFO)
-    await admit(store, "to-cancel", "mnt-ok")
+    await admit(store, "mnt-ok", "to-cancel")
     r = await api.post("/v1/executions/to-cancel/cancel", json={"by": "alice"})
     assert r.status_code in (200, 202), r.text
     r = await api.post("/v1/executions/nobody/resume", json={"by": "bob"})

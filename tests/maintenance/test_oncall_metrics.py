@@ -17,15 +17,16 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
 from app.blocked import REASONS
 from app.metrics import METRICS
 from app.reaper import LeaseReaper
 from app.registry import load_workflows
 from app.settings import Settings
-from app.store import Admitted, ExecutionStore
+from app.store import ExecutionStore
 from app.version import VERSION
 from app.worker import Worker
+from tests.support.admission import admitting
+from tests.support.asgi import asgi_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,17 +50,14 @@ def m_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, m_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, m_settings)
+def store_settings(m_settings: Settings) -> Settings:
+    return m_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture
 async def api(m_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(m_settings, workflows=WORKFLOWS)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                     base_url="http://t") as client:
-            yield client
+    async with asgi_client(m_settings, WORKFLOWS) as client:
+        yield client
 
 
 async def scrape(api: httpx.AsyncClient) -> str:
@@ -68,10 +66,7 @@ async def scrape(api: httpx.AsyncClient) -> str:
     return r.text
 
 
-async def admit(store: ExecutionStore, eid: str, workflow: str = "mnt-ok", **kw) -> str:
-    assert isinstance(await store.admit(workflow_id=workflow, params={}, execution_id=eid, **kw),
-                      Admitted)
-    return eid
+admit = admitting("mnt-ok")
 
 
 async def expire(pool: asyncpg.Pool, eid: str) -> None:
@@ -174,8 +169,8 @@ async def test_waiting_executions_by_reason_and_workflow_follow_the_apis_rule(
     await store.release(leases["a-due"])  # redelivery delay, then due
     await pool.execute("UPDATE executions SET redeliver_after = now() + interval '1 hour' "
                        "WHERE execution_id = 'a-due'")
-    await admit(store, "b-1", "mnt-retry-once")
-    await admit(store, "b-2", "mnt-retry-once")
+    await admit(store, "b-1", workflow_id="mnt-retry-once")
+    await admit(store, "b-2", workflow_id="mnt-retry-once")
     await store.register_worker("w-ok", host="h", pid=1, workflows=["mnt-ok"], concurrency=3)
 
     items = (await api.get("/v1/executions", params={"limit": 100})).json()["executions"]
@@ -224,16 +219,13 @@ async def test_a_database_that_does_not_answer_is_database_up_0_not_a_failed_scr
         database_url: str, pool: asyncpg.Pool) -> None:
     settings = Settings(database_url=database_url, auth="disabled", workflows="",
                         statement_timeout_seconds=0.3)
-    app = create_app(settings, workflows={})
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
-                                     base_url="http://t") as api:
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute("LOCK TABLE executions IN ACCESS EXCLUSIVE MODE")
-                text = await scrape(api)
-            assert sample(text, "fencepost_database_up") == 0
-            assert "fencepost_build_info" in text  # the process's own metrics still served
-            assert sample(await scrape(api), "fencepost_database_up") == 1
+    async with asgi_client(settings, {}) as api:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("LOCK TABLE executions IN ACCESS EXCLUSIVE MODE")
+            text = await scrape(api)
+        assert sample(text, "fencepost_database_up") == 0
+        assert "fencepost_build_info" in text  # the process's own metrics still served
+        assert sample(await scrape(api), "fencepost_database_up") == 1
 
 
 async def test_the_exposition_has_http_build_process_metrics_and_no_created_series(

@@ -15,9 +15,9 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.operator.procs import wait_for
 from tests.support.api_process import ApiProcess, free_port
 from tests.support.processes import REPO_ROOT, is_registered, spawn_worker
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,8 +66,8 @@ async def test_promtool_accepts_the_live_metrics_of_the_api_and_a_worker(
                                   json={"workflowId": "mnt-ok", "params": {}},
                                   headers={"host": "localhost"})
             assert r.status_code == 201, r.text
-            await wait_for(lambda: is_registered(pool, worker), timeout=30,
-                           what="the worker registered")
+            await wait_until(lambda: is_registered(pool, worker), timeout=30,
+                             what="the worker registered")
             for url, host in ((f"{api.base}/metrics", "localhost"),
                               (f"http://127.0.0.1:{port}/metrics", "127.0.0.1")):
                 text = (await client.get(url, headers={"host": host})).text
