@@ -17,16 +17,10 @@ import asyncpg
 import pytest
 
 from app.registry import load_workflows
-from app.settings import Settings
 from app.store import ExecutionStore
 
 WORKFLOWS = load_workflows(["tests.schedules.flows"])
 assert set(WORKFLOWS) == {"sched-test-minutely", "sched-test-nightly", "sched-test-plain"}
-
-
-@pytest.fixture
-def store(pool: asyncpg.Pool, settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, settings)
 
 
 @pytest.fixture

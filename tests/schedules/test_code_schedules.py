@@ -14,6 +14,7 @@ from app.scheduler import Scheduler
 from app.settings import Settings
 from app.worker import Worker
 from tests.schedules.conftest import WORKFLOWS
+from tests.support.waiting import wait_until
 
 
 async def noop(ctx, params):
@@ -113,26 +114,36 @@ async def test_a_worker_upserts_code_schedules_on_start_and_fires_them(
                         shutdown_grace_seconds=2)
     worker = Worker(settings, WORKFLOWS, concurrency=2)
     task = asyncio.create_task(worker.run())
-    loop = asyncio.get_running_loop()
+
+    def worker_alive() -> None:
+        assert not task.done(), task.exception()
+
+    # One deadline for both waits, as the worker runs throughout.
+    deadline = asyncio.get_running_loop().time() + 15
+
+    def left() -> float:
+        return deadline - asyncio.get_running_loop().time()
+
     try:
-        deadline = loop.time() + 15
-        while await store.get_schedule("sched-test-minutely") is None:
-            assert not task.done(), task.exception()
-            assert loop.time() < deadline, "the worker did not upsert its code schedules"
-            await asyncio.sleep(0.05)
+        async def upserted():
+            worker_alive()
+            return await store.get_schedule("sched-test-minutely")
+
+        await wait_until(upserted, timeout=left(), interval=0.05,
+                         what="the worker to upsert its code schedules")
         assert (await store.get_schedule("sched-test-nightly"))["source"] == "code"
         # The worker was "down" for three minutes: it fires the newest slot.
         await set_last_slot("sched-test-minutely", "date_trunc('minute', now()) - "
                             "interval '3 minutes'")
-        while True:
-            row = await pool.fetchrow(
+
+        async def completed():
+            worker_alive()
+            return await pool.fetchrow(
                 "SELECT execution_id, status, outcome FROM executions "
                 "WHERE workflow_id = 'sched-test-minutely' AND status = 'completed'")
-            if row is not None:
-                break
-            assert not task.done(), task.exception()
-            assert loop.time() < deadline, "the scheduled execution did not complete"
-            await asyncio.sleep(0.05)
+
+        row = await wait_until(completed, timeout=left(), interval=0.05,
+                               what="the scheduled execution to complete")
         context = row["outcome"]["result"]["context"]
         assert row["execution_id"] == "sched-test-minutely~" + context["scheduledAt"][:16] + "Z"
         assert context["scheduleId"] == "sched-test-minutely"

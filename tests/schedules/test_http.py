@@ -10,10 +10,11 @@ from datetime import datetime
 import pytest
 
 from app.api.auth import new_token
-from tests.http.conftest import api_settings, app_client
-from tests.http.helpers import assert_error
+from tests.http.conftest import api_settings
 from tests.http.test_no_500 import CONTENT_TYPES, ODD_BODIES, ODD_IDS, _sweep
 from tests.schedules.conftest import WORKFLOWS
+from tests.support.asgi import asgi_client
+from tests.support.responses import assert_error
 
 BODY = {"scheduleId": "nightly", "workflowId": "sched-test-plain", "cron": "30 2 * * *",
         "timezone": "Europe/Warsaw"}
@@ -21,13 +22,13 @@ BODY = {"scheduleId": "nightly", "workflowId": "sched-test-plain", "cron": "30 2
 
 @pytest.fixture
 async def client(settings):
-    async with app_client(api_settings(settings), raise_app_exceptions=False) as c:
+    async with asgi_client(api_settings(settings), raise_app_exceptions=False) as c:
         yield c
 
 
 @pytest.fixture
 async def registry_client(settings):
-    async with app_client(api_settings(settings), WORKFLOWS, raise_app_exceptions=False) as c:
+    async with asgi_client(api_settings(settings), WORKFLOWS, raise_app_exceptions=False) as c:
         yield c
 
 
@@ -201,8 +202,8 @@ async def test_roles(settings, store):
         token_id, token, digest = new_token()
         await store.create_token(token_id, name=role, role=role, secret_sha256=digest)
         tokens[role] = {"Authorization": f"Bearer {token}"}
-    async with app_client(api_settings(settings, auth="enabled"),
-                          raise_app_exceptions=False) as c:
+    async with asgi_client(api_settings(settings, auth="enabled"),
+                           raise_app_exceptions=False) as c:
         assert_error(await c.get("/v1/schedules"), 401, "UNAUTHENTICATED")
         assert_error(await c.post("/v1/schedules", json=BODY), 401, "UNAUTHENTICATED")
         for role in ("trigger", "read"):
