@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import psutil
 import pytest
 
 from tests.support.processes import REPO_ROOT
+from tests.support.waiting import wait_until_sync
 
 START_TIMEOUT = 60.0
 
@@ -34,14 +34,8 @@ def _free_port() -> int:
 
 
 def _poll(condition, timeout: float, what: str, log=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n--- dev output ---\n{log()}")
-        time.sleep(0.05)
+    return wait_until_sync(condition, timeout=timeout, what=what, interval=0.05,
+                           detail=lambda: f"--- dev output ---\n{log()}")
 
 
 class DevProcess:
