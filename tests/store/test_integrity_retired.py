@@ -11,8 +11,10 @@ import asyncio
 import asyncpg
 
 from app.store import Admitted, Conflict, ExecutionStore
-from tests.http.conftest import api_settings, app_client
-from tests.http.helpers import assert_error
+from tests.http.conftest import api_settings
+from tests.support.asgi import asgi_client
+from tests.support.responses import assert_error
+from tests.support.waiting import wait_until
 
 
 async def finish(store: ExecutionStore, clock, execution_id: str, *, takeovers: int = 0) -> int:
@@ -68,7 +70,7 @@ async def test_the_http_409_for_a_retired_id_says_it_was_retired(
     await age(pool, "ret-http")
     assert await store.prune_terminal(14 * 86400, 100) == 1
 
-    async with app_client(api_settings(settings)) as client:
+    async with asgi_client(api_settings(settings)) as client:
         r = await client.post("/v1/executions",
                               json={"workflowId": "ret-wf", "executionId": "ret-http",
                                     "params": {}})
@@ -114,17 +116,14 @@ async def test_admission_racing_the_prune_of_the_same_id_is_refused(
         admission = asyncio.create_task(
             ExecutionStore(other).admit(workflow_id="ret-wf", params={},
                                         execution_id="ret-race"))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
         # Done, or waiting behind the uncommitted delete (the bug).
-        while not admission.done():
-            waiting = await store.pool.fetchval(
+        async def done_or_waiting() -> bool:
+            return admission.done() or bool(await store.pool.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'")
-            if waiting:
-                break
-            assert loop.time() < deadline
-            await asyncio.sleep(0.01)
+                "AND wait_event_type = 'Lock'"))
+
+        await wait_until(done_or_waiting, timeout=10, interval=0.01,
+                         what="the admission done or waiting for a lock")
         await tx.commit()
     first = await admission
     assert isinstance(first, Conflict), first

@@ -1,38 +1,24 @@
-"""RFC 001 (execution record) conformance, store side, against real Postgres.
+"""The execution record, store side, against real Postgres: admission, reads,
+wakes, claims and acknowledgements, and the outcome each one leaves. Each test
+is named after the behaviour it checks (store calls: `admit`, `get`,
+`request_wake`, `claim_due`, `acknowledge`; a delivery is a lease: a token and
+its expiry). `context` comes back as a plain dict: presenting it read-only is
+the SDK's job, not the store's.
 
-One test per row of RFC 001's runtime-adapter table and outcome table that
-concerns ExecutionStore, named after its row. RFC names map to the store as:
-ExecutionClient.admit -> `admit`, get -> `get`, requestWake -> `request_wake`,
-claimDue -> `claim_due`, acknowledge -> `acknowledge`; RFC 002's lease takes
-the place of RFC 001's delivery token and its expiry replaces the
-"redelivery timeout". `context` comes back as a plain dict: presenting it
-read-only (ReadonlyMap) is the SDK's job, not the store's.
+Where a behaviour also needs workflow code or a worker, its store side is
+tested here (the worker side: tests/sdk/test_dispatch.py):
 
-Rows that need workflow code or a worker process are covered by the worker
-issue; where the row has a store-side part it is still tested here:
-
-* "A delivery runs" (the worker reads workflowId, params and context from the
-  record, not from the wake): the worker part belongs to the worker issue.
-  Store side here: a wake carries only a time, and the claim hands over the
-  record's workflowId/params/context.
-* "A terminal execution is delivered again" (returns the recorded outcome
-  without running workflow code): running no code is the worker's job.
-  Store side here: claim_due never returns a terminal record (wakes are
+* A delivery runs from the record, not from the wake: a wake carries only a
+  time, and the claim hands over the record's workflowId/params/context.
+* A terminal execution delivered again returns its recorded outcome without
+  running workflow code: claim_due never returns a terminal record (wakes are
   ignored, backdating changes nothing), and acknowledge on a terminal record
   returns the recorded outcome.
-* "A delivery fails with an infrastructure error": the worker decides what is
-  an infrastructure error. Store side here: the worker then releases instead
-  of acknowledging; the status is unchanged and the execution is delivered
-  again.
-* "A store commit and its wake requests are interrupted by a crash": not
-  applicable. "Store" in RFC 001 is the RFC 005 key-value store whose waiters
-  are woken by commits; fencepost has no such store and no store waiters, so
-  there is no commit+wakes pair to interrupt. The one record+wake pair the
-  service writes, admission (record + first wake), is a single statement; its
-  all-or-nothing property is checked by the "cannot round-trip" row (a failed
-  admission leaves neither a record nor anything due).
-
-The SDK table (local/HTTP trigger) is out of scope for the store.
+* A delivery that fails with an infrastructure error is released, not
+  acknowledged: the status is unchanged and the execution is delivered again.
+* Admission writes the record and its first wake in one statement: a failed
+  admission (a value that cannot round-trip) leaves neither a record nor
+  anything due.
 """
 
 from __future__ import annotations
@@ -54,8 +40,10 @@ from app.store import (
     InvalidEvent,
     ReapResult,
 )
+from tests.support.admission import admitting
+from tests.support.claims import claim
 
-LEASE = 30.0
+LEASE = 30.0  # as `claim` (tests/support/claims.py) takes them
 WORKFLOW = "charge-order"
 
 
@@ -64,24 +52,7 @@ WORKFLOW = "charge-order"
 # --------------------------------------------------------------------------- #
 
 
-async def admit(store: ExecutionStore, execution_id: str | None = None, **kw) -> str:
-    result = await store.admit(
-        workflow_id=kw.pop("workflow_id", WORKFLOW),
-        params=kw.pop("params", {"orderId": 42}),
-        execution_id=execution_id,
-        **kw,
-    )
-    assert isinstance(result, Admitted), result
-    return result.execution_id
-
-
-async def claim(
-    store: ExecutionStore, owner: str = "worker-1", limit: int = 100
-) -> dict[str, Delivery]:
-    deliveries = await store.claim_due(limit, LEASE, owner)
-    ids = [d.lease.execution_id for d in deliveries]
-    assert len(ids) == len(set(ids)), f"one execution twice in one claim: {ids}"
-    return {d.lease.execution_id: d for d in deliveries}
+admit = admitting(WORKFLOW, params={"orderId": 42})
 
 
 async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
@@ -288,8 +259,8 @@ async def test_admission_receives_a_value_that_cannot_round_trip(store, pool, wh
     ],
 )
 async def test_admission_stores_an_event_exactly_or_rejects_it(store, pool, value):
-    """RFC 001: "A value that cannot round-trip will return INVALID_EXECUTION_EVENT.
-    Admission will not store a lossy copy." Either answer is fine; a silently
+    """A value that cannot round-trip is refused (INVALID_EXECUTION_EVENT):
+    admission never stores a lossy copy. Either answer is fine; a silently
     changed value is not."""
     params = {"v": value}
     try:

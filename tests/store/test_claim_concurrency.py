@@ -19,6 +19,7 @@ import random
 import pytest
 
 from app.store import Admitted, Conflict, Delivery, ExecutionStore, LeaseLost, StepRecord
+from tests.support.admission import admitting
 from tests.support.races import Outcomes, StatementGate, until_waiting
 
 LEASE = 30.0
@@ -32,9 +33,7 @@ async def racers(open_pool, settings, n: int) -> list[ExecutionStore]:
     return stores
 
 
-async def admit(store: ExecutionStore, execution_id: str) -> None:
-    result = await store.admit(workflow_id="w", params={}, execution_id=execution_id)
-    assert isinstance(result, Admitted)
+admit = admitting("w")
 
 
 async def jitter() -> None:
@@ -356,7 +355,7 @@ async def check_wake(store: ExecutionStore, where: str, eid: str, d: Delivery) -
 async def test_a_wake_racing_a_claim_is_either_covered_by_it_or_kept_for_later(
     store, settings, open_pool
 ):
-    """RFC 001: a claim covers every wake pending when it was claimed; wakes
+    """A claim covers every wake pending when it was claimed; wakes
     requested after the claim stay pending past the acknowledgement. Each
     interleaving must occur: the wake committed before the claim (covered),
     the wake held the row while the claim ran (the claim skips it; the next

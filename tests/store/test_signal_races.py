@@ -1,4 +1,4 @@
-"""A signal racing the delivery that waits for it (RFC 001: no lost wakeup).
+"""A signal racing the delivery that waits for it: no wakeup is lost.
 
 The delivery does what `ctx.wait_for_signal` does with nothing pending: it
 tries to consume the signal (`consume_signal`, fenced), finds none, and
@@ -20,7 +20,8 @@ import random
 
 import pytest
 
-from app.store import Admitted, Delivery, ExecutionStore
+from app.store import Delivery, ExecutionStore
+from tests.support.admission import admitting
 from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
 
 LEASE = 30.0
@@ -28,9 +29,7 @@ ROUNDS = 200
 KEY, NAME = "signal:go", "go"
 
 
-async def admit(store: ExecutionStore, execution_id: str) -> None:
-    result = await store.admit(workflow_id="w", params={}, execution_id=execution_id)
-    assert isinstance(result, Admitted)
+admit = admitting("w")
 
 
 async def separate_stores(open_pool, settings, n: int) -> list[ExecutionStore]:

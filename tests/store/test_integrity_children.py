@@ -11,13 +11,9 @@ import asyncio
 import asyncpg
 import pytest
 
-from app.store import Admitted, ExecutionStore, Lease, LeaseLost
-
-
-async def admit(store: ExecutionStore, workflow_id: str, execution_id: str) -> str:
-    result = await store.admit(workflow_id=workflow_id, params={}, execution_id=execution_id)
-    assert isinstance(result, Admitted), result
-    return execution_id
+from app.store import ExecutionStore, Lease, LeaseLost
+from tests.support.admission import admit
+from tests.support.waiting import wait_until
 
 
 async def claim(store: ExecutionStore, workflow_id: str, owner: str) -> Lease:
@@ -46,14 +42,14 @@ async def lock_waiters(pool: asyncpg.Pool) -> int:
 
 
 async def wait_for_lock_waiters(pool: asyncpg.Pool, n: int, tasks: list[asyncio.Task]) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while await lock_waiters(pool) < n:
+    async def waiting() -> bool:
         for t in tasks:
             if t.done():  # finished without waiting: surface its answer
                 t.result()
-        assert loop.time() < deadline, f"fewer than {n} sessions waiting for a lock"
-        await asyncio.sleep(0.01)
+        return await lock_waiters(pool) >= n
+
+    await wait_until(waiting, timeout=10, interval=0.01,
+                     what=f"{n} sessions waiting for a lock")
 
 
 async def test_a_stale_parent_holder_cannot_start_a_child_after_a_newer_claim(

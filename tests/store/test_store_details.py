@@ -1,4 +1,4 @@
-"""ExecutionStore details beyond the RFC tables, against real Postgres:
+"""ExecutionStore details beyond the execution record and lease rules, against real Postgres:
 healed reads, the reaper, operator listing and its cursor, the event history,
 late observations, unstorable values, and claim_due's query plan.
 """
@@ -13,13 +13,13 @@ import pytest
 
 from app.reaper import LeaseReaper
 from app.store import (
-    Admitted,
     Delivery,
     ExecutionStore,
     InvalidEvent,
     LeaseLost,
     decode_cursor,
 )
+from tests.support.admission import admitting
 
 LEASE = 30.0
 
@@ -37,12 +37,7 @@ HEALED_FIELDS = (
 )
 
 
-async def admit(store: ExecutionStore, execution_id: str, workflow_id: str = "w") -> str:
-    result = await store.admit(
-        workflow_id=workflow_id, params={"id": execution_id}, execution_id=execution_id
-    )
-    assert isinstance(result, Admitted), result
-    return execution_id
+admit = admitting("w", params=lambda execution_id: {"id": execution_id})
 
 
 async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
@@ -165,18 +160,18 @@ async def build_listing_fixture(store: ExecutionStore, clock) -> None:
     """alpha-admitted, alpha-running, alpha-suspended, beta-completed,
     beta-failed, beta-retried (admitted, 2 releases), beta-expired (running
     with an expired lease: healed admitted, 1 unacknowledged)."""
-    await admit(store, "alpha-running", "alpha")
+    await admit(store, "alpha-running", workflow_id="alpha")
     await claim_one(store, "alpha-running")
-    await admit(store, "alpha-suspended", "alpha")
+    await admit(store, "alpha-suspended", workflow_id="alpha")
     d = await claim_one(store, "alpha-suspended")
     await store.acknowledge(d.lease, "suspended")
-    await admit(store, "beta-completed", "beta")
+    await admit(store, "beta-completed", workflow_id="beta")
     d = await claim_one(store, "beta-completed")
     await store.acknowledge(d.lease, "completed", result=1)
-    await admit(store, "beta-failed", "beta")
+    await admit(store, "beta-failed", workflow_id="beta")
     d = await claim_one(store, "beta-failed")
     await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
-    await admit(store, "beta-retried", "beta")
+    await admit(store, "beta-retried", workflow_id="beta")
     for _ in range(2):
         d = await claim_one(store, "beta-retried")
         await store.release(d.lease)
@@ -184,10 +179,10 @@ async def build_listing_fixture(store: ExecutionStore, clock) -> None:
     await store.pool.execute(
         "UPDATE executions SET redeliver_after = now() + interval '1 hour' WHERE execution_id = 'beta-retried'"
     )
-    await admit(store, "beta-expired", "beta")
+    await admit(store, "beta-expired", workflow_id="beta")
     await claim_one(store, "beta-expired")
     await clock.expire_lease("beta-expired", ago=0.1)
-    await admit(store, "alpha-admitted", "alpha")
+    await admit(store, "alpha-admitted", workflow_id="alpha")
 
 
 async def listed(store: ExecutionStore, **filters) -> set[str]:

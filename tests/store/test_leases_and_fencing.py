@@ -1,37 +1,24 @@
-"""RFC 002 (execution leases) conformance, store side, against real Postgres.
+"""Leases and fencing, store side, against real Postgres: `claim_due` hands
+out a lease (a token and an expiry), `renew` extends it (batched), `release`
+and `acknowledge` end it, and every fenced write (`write_step`, `acknowledge`,
+...) of a holder whose token is no longer current is rejected: `LeaseLost`,
+or the `lost` half of renew's answer. A delivery's "retry" reply is a release.
+Each test is named after the behaviour it checks. Time moves by UPDATE-ing the
+record (tests/support/clocks.py), never by sleeping.
 
-One test per row of RFC 002's lease table and fencing table, plus the
-dispatcher rows whose observable outcome lives in the store, each named after
-its row. RFC names map to the store as: claimDue -> `claim_due`, renew ->
-`renew` (batched), release -> `release`, acknowledge -> `acknowledge`,
-HeapClient.writeStep -> `write_step`; `lost` is the `LeaseLost` exception (or
-the `lost` half of renew's answer). A delivery's "retry" reply is a release.
-Time moves by UPDATE-ing the record (see conftest.py), never by sleeping.
+Where a behaviour needs a worker process, its store side is tested here (the
+worker side: tests/sdk/test_dispatch.py and tests/acceptance):
 
-Covered by the worker issue (they need a worker/dispatcher process):
-
-* "A worker crashes" — the process part. Store side here: a lease that is
-  neither renewed nor released is not handed out before it expires and is
-  delivered again, with a higher token, after it has.
-* "The runtime process holding a lease dies" (its worker makes no further
-  fenced writes): a property of the worker/runtime process. Store side: once a
-  new claim exists, every fenced write of the old holder is rejected (the
-  fencing rows below).
-* "N executions are due and concurrency is N" (all delivered without waiting
-  for each other) and "More executions are due than concurrency" (never more
-  than `concurrency` at once): dispatcher scheduling. Store side here:
+* A worker crashes: a lease that is neither renewed nor released is not
+  handed out before it expires, and is delivered again, with a higher token,
+  after it has.
+* The process holding a lease dies: once a new claim exists, every fenced
+  write of the old holder is rejected (the fencing tests below).
+* N executions due with concurrency N, or more due than concurrency:
   claim_due returns at most `limit` leases and never the same execution twice.
-* "Several dispatchers share one backend": the multi-process run belongs to
-  the worker issue; the store side (several claimers on separate connections,
-  never two live leases) is here and, hammered, in test_claim_concurrency.py.
-
-Not in this store yet (no statements to test):
-
-* "A stale holder commits an idempotent store update": fencepost has no RFC
-  005 key-value store, so there is no store update / updateFrom / deleteFrom /
-  take with a step receipt.
-* "A stale holder calls WorkflowStartClient.start": child starts idempotent by
-  receipt (`ctx.start_child`) are not implemented in ExecutionStore yet.
+* Several dispatchers share one database: several claimers on separate
+  connections never hold two live leases (here and, hammered, in
+  test_claim_concurrency.py).
 """
 
 from __future__ import annotations
@@ -42,10 +29,12 @@ from datetime import timedelta
 import pytest
 
 from app.reaper import LeaseReaper
-from app.store import Admitted, Delivery, ExecutionStore, LeaseLost
+from app.store import Delivery, ExecutionStore, LeaseLost
+from tests.support.admission import admitting
+from tests.support.claims import claim
 from tests.support.races import Outcomes
 
-LEASE = 30.0
+LEASE = 30.0  # as `claim` (tests/support/claims.py) takes them
 WORKFLOW = "charge-order"
 
 
@@ -54,21 +43,7 @@ WORKFLOW = "charge-order"
 # --------------------------------------------------------------------------- #
 
 
-async def admit(store: ExecutionStore, execution_id: str) -> str:
-    result = await store.admit(
-        workflow_id=WORKFLOW, params={"orderId": 42}, execution_id=execution_id
-    )
-    assert isinstance(result, Admitted), result
-    return execution_id
-
-
-async def claim(
-    store: ExecutionStore, owner: str = "worker-1", limit: int = 100
-) -> dict[str, Delivery]:
-    deliveries = await store.claim_due(limit, LEASE, owner)
-    ids = [d.lease.execution_id for d in deliveries]
-    assert len(ids) == len(set(ids)), ids
-    return {d.lease.execution_id: d for d in deliveries}
+admit = admitting(WORKFLOW, params={"orderId": 42})
 
 
 async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
