@@ -26,7 +26,6 @@ import pytest_asyncio
 
 from app.registry import load_workflows
 from app.settings import Settings
-from app.store import ExecutionStore
 from tests.cli import flows as cli_flows
 from tests.support.live_server import ServerThread, server_factory
 from tests.support.processes import REPO_ROOT
@@ -45,8 +44,8 @@ def flows():
 
 
 @pytest.fixture
-def store(pool, cli_settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, cli_settings)
+def store_settings(cli_settings: Settings) -> Settings:
+    return cli_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture

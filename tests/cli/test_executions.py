@@ -3,13 +3,13 @@ subcommand, its table or block, its --json (the API's own answer), its refusals.
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import httpx
 import pytest
 
 from tests.cli import flows
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,14 +35,13 @@ async def api_json(server, path: str, **params) -> dict:
 
 
 async def suspended(server, *eids: str, timeout: float = 30) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     async with httpx.AsyncClient(base_url=server.base) as c:
-        for eid in eids:
-            while (record := (await c.get(f"/v1/executions/{eid}")).json())[
-                    "status"] != "suspended":
-                assert loop.time() < deadline, record
-                await asyncio.sleep(0.05)
+        async def all_suspended() -> bool:
+            records = [(await c.get(f"/v1/executions/{eid}")).json() for eid in eids]
+            return all(r["status"] == "suspended" for r in records)
+
+        await wait_until(all_suspended, timeout=timeout, interval=0.05,
+                         what=f"{eids} suspended")
 
 
 async def test_start_get_list_events_and_steps(server, workers, fencepost):

@@ -4,13 +4,12 @@ operation, per-execution failures, refusals."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
 from tests.cli.test_executions import block, lines
 from tests.cli.test_operator import events, parked_effect
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,15 +23,13 @@ async def admit(server, *eids: str) -> None:
 
 
 async def finished(server, operation_id: str, timeout: float = 30) -> dict:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     async with httpx.AsyncClient(base_url=server.base) as c:
-        while True:
+        async def ended() -> dict | None:
             record = (await c.get(f"/v1/operations/{operation_id}")).json()
-            if record["status"] != "running":
-                return record
-            assert loop.time() < deadline, record
-            await asyncio.sleep(0.05)
+            return record if record["status"] != "running" else None
+
+        return await wait_until(ended, timeout=timeout, interval=0.05,
+                                what=f"operation {operation_id} to end")
 
 
 @pytest.fixture(autouse=True)
