@@ -23,7 +23,6 @@ import pytest_asyncio
 
 from app.registry import load_workflows
 from app.settings import Settings
-from app.store import ExecutionStore
 from tests.support.live_server import ServerThread, server_factory
 from tests.support.timing import QUICK
 from tests.support.workers import InProcessWorkers
@@ -40,8 +39,8 @@ def flows():
 
 
 @pytest.fixture
-def store(pool, client_settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, client_settings)
+def store_settings(client_settings: Settings) -> Settings:
+    return client_settings  # the `store` fixture (tests/conftest.py) uses these
 
 
 @pytest_asyncio.fixture

@@ -14,6 +14,7 @@ import pytest
 from app.serve import API_SHUTDOWN_SECONDS
 from app.store import ExecutionStore
 from tests.support.api_process import ApiProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +29,10 @@ async def test_sigterm_with_a_long_poll_waiting_exits_within_the_grace(
                                      headers={"host": "localhost"}) as client:
             waiting = asyncio.create_task(
                 client.get("/v1/executions/w-1", params={"waitSeconds": 60}))
-            await asyncio.sleep(0.5)  # the long-poll is waiting
+            # The long-poll is waiting: the API has recorded the execution it watches.
+            await wait_until(lambda: pool.fetchval(
+                "SELECT count(*) FROM watched_executions WHERE execution_id = 'w-1'"),
+                timeout=10, what="the long-poll waiting")
             assert not waiting.done()
             api.proc.send_signal(signal.SIGTERM)
             started = time.monotonic()

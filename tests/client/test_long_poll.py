@@ -15,17 +15,7 @@ import pytest
 from app.api.waiters import LISTENER_APPLICATION_NAME
 from app.store.types import ENDED_CHANNEL
 from tests.client.conftest import api_backends
-
-
-async def until(condition, timeout: float = 20.0, what: str = "condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await condition()
-        if value:
-            return value
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+from tests.support.waiting import wait_until
 
 
 async def admit_many(store, n: int, prefix: str) -> list[str]:
@@ -48,7 +38,7 @@ async def test_a_thousand_waiters_hold_a_handful_of_connections_and_all_return(
 
         async def all_waiting():
             return srv.app.state.waiters.count == 1000
-        await until(all_waiting, 60, "1000 waiters")
+        await wait_until(all_waiting, timeout=60, what="1000 waiters", interval=0.05)
         backends = await api_backends(pg_admin, database_url)
         # The pool (at most 4) and the one listening connection: not one per waiter.
         assert backends.get("fencepost-api", 0) <= 4, backends
@@ -115,7 +105,7 @@ async def test_a_notification_ends_the_wait_without_the_recheck(server, store, p
 
         async def waiting():
             return server.app.state.waiters.count == 1
-        await until(waiting, what="the waiter")
+        await wait_until(waiting, timeout=20.0, what="the waiter", interval=0.05)
         started = time.monotonic()
         await store.request_cancel("notified", "test")
         answer = await asyncio.wait_for(call, 10)
@@ -135,7 +125,7 @@ async def test_a_notification_alone_wakes_a_waiter_which_then_reads_the_record(
 
         async def waiting():
             return server.app.state.waiters.count == 1
-        await until(waiting, what="the waiter")
+        await wait_until(waiting, timeout=20.0, what="the waiter", interval=0.05)
         started = time.monotonic()
         await pool.execute("SELECT pg_notify($1, 'poked')", ENDED_CHANNEL)
         answer = await asyncio.wait_for(call, 10)
@@ -150,7 +140,7 @@ async def test_the_waiter_survives_its_listening_connection_dying(
 
     async def listening():
         return waiters.connects >= 1
-    await until(listening, what="the listening connection")
+    await wait_until(listening, timeout=20.0, what="the listening connection", interval=0.05)
     await store.admit(workflow_id="never-runs", params={}, execution_id="survivor")
     async with server.client() as http:
         call = asyncio.create_task(http.get("/v1/executions/survivor",
@@ -158,7 +148,7 @@ async def test_the_waiter_survives_its_listening_connection_dying(
 
         async def waiting():
             return waiters.count == 1
-        await until(waiting, what="the waiter")
+        await wait_until(waiting, timeout=20.0, what="the waiter", interval=0.05)
         killed = await pg_admin.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE application_name = $1 AND datname = $2",
@@ -182,12 +172,12 @@ async def test_a_client_that_disconnects_frees_its_waiter(server, store):
 
     async def waiting():
         return waiters.count == 1
-    await until(waiting, what="the waiter")
+    await wait_until(waiting, timeout=20.0, what="the waiter", interval=0.05)
     sock.close()
 
     async def freed():
         return waiters.count == 0
-    await until(freed, 5, what="the waiter to be freed")
+    await wait_until(freed, timeout=5, what="the waiter to be freed", interval=0.05)
 
 
 async def test_a_deadline_that_passes_ends_the_wait_without_any_write(server, store):
