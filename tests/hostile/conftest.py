@@ -19,7 +19,8 @@ import pytest_asyncio
 from app.api.app import create_app
 from app.api.auth import new_token
 from app.settings import Settings
-from app.store import Admitted, ExecutionStore
+from app.store import ExecutionStore
+from tests.support.admission import admitting
 
 
 @dataclass(frozen=True)
@@ -46,36 +47,33 @@ def hostile_settings(settings: Settings, **changes) -> Settings:
                                        "max_unacknowledged_deliveries": 1, **changes})
 
 
-async def _admit(store: ExecutionStore, eid: str, workflow_id: str, **kw) -> str:
-    answer = await store.admit(workflow_id=workflow_id, params={"n": 1}, execution_id=eid, **kw)
-    assert isinstance(answer, Admitted), answer
-    return eid
+_admit = admitting("seed-wf", params={"n": 1})
 
 
 async def seed(pool: asyncpg.Pool, settings: Settings) -> Seeded:
     store = ExecutionStore.from_settings(pool, settings)
     s = Seeded("s-pending", "s-completed", "s-running", "s-poison", "s-unknown", "charge",
                "s-history")
-    await _admit(store, s.pending, "seed-wf")
+    await _admit(store, s.pending, workflow_id="seed-wf")
 
-    await _admit(store, s.completed, "seed-done")
+    await _admit(store, s.completed, workflow_id="seed-done")
     [d] = await store.claim_due(1, 30, "seed-worker", ["seed-done"])
     await store.acknowledge(d.lease, "completed", result={"ok": True})
 
-    await _admit(store, s.running, "seed-run")
+    await _admit(store, s.running, workflow_id="seed-run")
     [d] = await store.claim_due(1, 3600, "seed-worker", ["seed-run"])
 
-    await _admit(store, s.poison, "seed-poison")
+    await _admit(store, s.poison, workflow_id="seed-poison")
     [d] = await store.claim_due(1, 30, "seed-worker", ["seed-poison"])
     await store.release(d.lease)  # max_unacknowledged_deliveries = 1: parked as poison
 
-    await _admit(store, s.unknown, "seed-unknown")
+    await _admit(store, s.unknown, workflow_id="seed-unknown")
     [d] = await store.claim_due(1, 30, "seed-worker", ["seed-unknown"])
     await store.begin_effect(d.lease, s.unknown_step, idempotency_key="idem-1",
                              function_name="charge")
     await store.park_outcome_unknown(d.lease, s.unknown_step)
 
-    await _admit(store, s.with_history, "seed-history")
+    await _admit(store, s.with_history, workflow_id="seed-history")
     [d] = await store.claim_due(1, 30, "seed-worker", ["seed-history"])
     await store.write_step(d.lease, "first", value={"v": 1})
     await store.acknowledge(d.lease, "suspended")

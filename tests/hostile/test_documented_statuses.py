@@ -26,7 +26,7 @@ from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
 from tests.hostile.conftest import Seeded, hostile_settings, make_tokens, seed
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 STATEMENT_TIMEOUT = 0.3
 BODY_TIMEOUT = 0.2

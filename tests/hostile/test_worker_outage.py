@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import asyncpg
 import pytest
@@ -21,24 +20,12 @@ from app.settings import Settings
 from app.store import Admitted, ExecutionStore
 from app.worker import Worker
 from tests.hostile import flows
+from tests.support.waiting import DB_ERRORS, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 WORKFLOWS = {k: v for k, v in load_workflows(["tests.hostile.flows"]).items()
              if k == "hostile-outage"}
-
-
-async def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = await predicate()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def statuses(url: str, *eids: str) -> dict[str, str]:
@@ -70,8 +57,9 @@ async def test_worker_rides_out_a_postgres_outage(embedded_server, caplog) -> No
         for eid, params in (("inflight", {"gated": True}), ("before", {})):
             if eid == "before":
                 # The only slot is busy with `inflight`: `before` waits out the outage.
-                await wait_for(lambda: _true(flows.CALLS[("inflight", "gated")] == 1), 10,
-                               "the gated step to start")
+                await wait_until(lambda: _true(flows.CALLS[("inflight", "gated")] == 1),
+                                 timeout=10, what="the gated step to start",
+                                 interval=0.1, tolerate=DB_ERRORS)
             answer = await store.admit(workflow_id="hostile-outage", params=params,
                                        execution_id=eid)
             assert isinstance(answer, Admitted), answer
@@ -88,9 +76,9 @@ async def test_worker_rides_out_a_postgres_outage(embedded_server, caplog) -> No
         assert warnings, "the worker says nothing about the outage"
 
         await asyncio.to_thread(embedded_server.start)
-        done = await wait_for(
-            lambda: _all_completed(url, "inflight", "before"), 30,
-            "both executions to complete after the outage")
+        done = await wait_until(
+            lambda: _all_completed(url, "inflight", "before"), timeout=30,
+            what="both executions to complete after the outage", interval=0.1, tolerate=DB_ERRORS)
     assert done
     assert not task.done(), "the worker must ride out the outage, not exit"
 
