@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -43,6 +42,7 @@ from tests.support.processes import (  # noqa: F401 - re-exported for the tests
     is_registered,
     spawn_worker,
 )
+from tests.support.waiting import DB_ERRORS, wait_until
 
 FLOWS_MODULE = "tests.acceptance.flows"
 
@@ -140,24 +140,10 @@ class Harness:
 
     async def wait_for(self, predicate: Callable[[], Awaitable[Any] | Any], *, timeout: float,
                        what: str, interval: float = 0.05, tolerate_db_errors: bool = False) -> Any:
-        """Poll `predicate` (sync or async) until it returns something truthy; return it."""
-        deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
-        while True:
-            try:
-                value = predicate()
-                if asyncio.iscoroutine(value):
-                    value = await value
-                if value:
-                    return value
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                if not tolerate_db_errors:
-                    raise
-                last_error = exc
-            if time.monotonic() > deadline:
-                extra = f" (last error: {last_error!r})" if last_error else ""
-                raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}{extra}")
-            await asyncio.sleep(interval)
+        """Poll `predicate` (sync or async) until it returns something truthy; return it.
+        With `tolerate_db_errors`, a database that is down counts as "not yet"."""
+        return await wait_until(predicate, timeout=timeout, what=what, interval=interval,
+                                tolerate=DB_ERRORS if tolerate_db_errors else ())
 
     # ---------------------------------------------------------------- workflows
 

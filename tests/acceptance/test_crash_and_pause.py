@@ -197,7 +197,7 @@ async def test_own_expired_lease_reclaimed_stale_delivery_cannot_acknowledge(
         harness: Harness) -> None:
     """One worker, whose lease runs out while its delivery is in workflow code
     between fenced writes (a pause, a slow event loop; here: the lease is
-    backdated in SQL right after a renewal, as DESIGN.md lets tests move time).
+    backdated in SQL right after a renewal: tests move database time, not wall time).
     The worker's own claimer takes the execution over (token 2) and replays it.
     The token-1 delivery is stale: the worker stops it at the re-claim, so it
     never acknowledges, and the outcome is the token-2 delivery's.
@@ -237,7 +237,7 @@ async def test_own_expired_lease_reclaimed_stale_delivery_cannot_acknowledge(
     await h.wait_for(lambda: h.calls(eid, "tail-2", event="end") or
                      "(token 2) lost at renewal" in a.log(), timeout=6,
                      what="delivery 2 finished or stopped")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # room for a (wrong) late write by either delivery
     rec = await h.record(eid)
     events = await h.events(eid)
     assert rec["token"] == 2

@@ -33,8 +33,11 @@ async def test_worker_survives_a_postgres_restart(embedded_server, make_harness)
         return values.count("completed") >= 1 and values.count("running") >= 2
 
     await h.wait_for(under_way, timeout=20, what="some executions done, some running")
+    failures = a.log().count(" failed (")
     await asyncio.to_thread(embedded_server.stop)  # 'fast': every connection is cut
-    await asyncio.sleep(1.5)
+    # A meets the outage (a claim, renewal or service call fails) and keeps running.
+    await h.wait_for(lambda: a.log().count(" failed (") > failures, timeout=20,
+                     what="A meets the outage")
     assert a.alive(), a.log()
     await asyncio.to_thread(embedded_server.start)
 
