@@ -23,6 +23,8 @@ from typing import TypeVar
 
 import httpx
 
+from tests.support.waiting import wait_until_sync
+
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = Path(__file__).resolve().parent / "workflows"
 # What compose interpolates (docker-compose.yml's header lists them); nothing else
@@ -71,20 +73,9 @@ def find_compose_command() -> list[str] | None:
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout: float, every: float = 0.25) -> T:
-    """probe() until it returns something true; its last value (or error) in the failure."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-            last = value
-        except (httpx.HTTPError, OSError, AssertionError) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what} (last: {last!r})")
-        time.sleep(every)
+    """probe() until it returns something true; its last error in the failure."""
+    return wait_until_sync(probe, what=what, timeout=timeout, interval=every,
+                           tolerate=(httpx.HTTPError, OSError, AssertionError))
 
 
 def docker_inspect(container: str) -> dict:
