@@ -11,7 +11,6 @@ import contextlib
 import socket
 import subprocess
 import sys
-import time
 
 import asyncpg
 import pytest
@@ -20,6 +19,7 @@ from app.db import asyncpg_dsn
 from app.version import VERSION
 from tests.support.api_process import api_env, free_port
 from tests.support.processes import REPO_ROOT
+from tests.support.waiting import wait_until
 
 WORKFLOWS = "tests.maintenance.flows"
 
@@ -111,11 +111,12 @@ async def test_the_api_warns_once_at_start_when_authentication_is_disabled(datab
              "--log-format", "json"], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
             env=api_env(database_url, {"FENCEPOST_AUTH": "disabled"}))
         try:
-            deadline = time.monotonic() + 30
-            while "authentication is disabled" not in log.read_text():
+            def warned() -> bool:
                 assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                await asyncio.sleep(0.05)
+                return "authentication is disabled" in log.read_text()
+
+            await wait_until(warned, timeout=30, interval=0.05, detail=log.read_text,
+                             what="the warning that authentication is disabled")
         finally:
             proc.kill()
             proc.wait()
