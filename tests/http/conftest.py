@@ -22,12 +22,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.api.app import create_app
-from app.registry import WorkflowDefinition, load_workflows
+from app.registry import load_workflows
 from app.settings import Settings
-from app.store import ExecutionStore
-
-BASE_URL = "http://fencepost.test"
+from tests.support.asgi import asgi_client
 
 
 def api_settings(settings: Settings, **changes) -> Settings:
@@ -35,37 +32,19 @@ def api_settings(settings: Settings, **changes) -> Settings:
     return settings.model_copy(update={"workflows": "", **changes})
 
 
-@contextlib.asynccontextmanager
-async def app_client(
-    settings: Settings,
-    workflows: dict[str, WorkflowDefinition] | None = None,
-    *,
-    raise_app_exceptions: bool = True,
-) -> AsyncIterator[httpx.AsyncClient]:
-    """A client on `create_app(settings, workflows)` with its lifespan running.
-    raise_app_exceptions=False turns an unhandled exception into the 500 a
-    real server would send (for sweeps that collect every failure)."""
-    app = create_app(settings, workflows=workflows)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
-        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, timeout=30) as c:
-            c.app = app  # type: ignore[attr-defined]
-            yield c
-
-
 @pytest_asyncio.fixture
 async def make_client() -> AsyncIterator[Callable]:
     async with contextlib.AsyncExitStack() as stack:
 
         async def _make(settings: Settings, workflows=None, **kw) -> httpx.AsyncClient:
-            return await stack.enter_async_context(app_client(settings, workflows, **kw))
+            return await stack.enter_async_context(asgi_client(settings, workflows, **kw))
 
         yield _make
 
 
 @pytest_asyncio.fixture
 async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with app_client(api_settings(settings)) as c:
+    async with asgi_client(api_settings(settings)) as c:
         yield c
 
 
@@ -73,19 +52,14 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 async def registry_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     workflows = load_workflows(["tests.http.flows"])
     assert set(workflows) == {"http-test-charge", "http-test-any"}
-    async with app_client(api_settings(settings), workflows) as c:
+    async with asgi_client(api_settings(settings), workflows) as c:
         yield c
 
 
 @pytest_asyncio.fixture
 async def small_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with app_client(api_settings(settings, max_payload_bytes=1024)) as c:
+    async with asgi_client(api_settings(settings, max_payload_bytes=1024)) as c:
         yield c
-
-
-@pytest.fixture
-def store(pool: asyncpg.Pool, settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, settings)
 
 
 @dataclass(frozen=True)

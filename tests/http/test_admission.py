@@ -10,7 +10,8 @@ import time
 import pytest
 
 from tests.http.conftest import Rows
-from tests.http.helpers import JSON, admit, assert_error, get_record, post_raw
+from tests.support.admission import admit_via_api
+from tests.support.responses import JSON, assert_error, get_record, post_raw
 
 NOTHING = Rows(0, 0, 0)
 
@@ -101,8 +102,8 @@ async def test_content_type_variants_accepted(client):
 
 
 async def test_reused_execution_id_is_409_naming_the_existing_execution(client, rows):
-    await admit(client, "order-42", workflow_id="charge-order", params={"amount": 1},
-                context={"who": "first"})
+    await admit_via_api(client, "order-42", workflow_id="charge-order", params={"amount": 1},
+                        context={"who": "first"})
     before = await get_record(client, "order-42")
     counts = await rows()
 
@@ -123,7 +124,7 @@ async def test_reused_execution_id_is_409_naming_the_existing_execution(client, 
 
 
 async def test_409_reports_the_current_status(client, store, rows):
-    await admit(client, "busy")
+    await admit_via_api(client, "busy")
     [delivery] = await store.claim_due(1, 30, "worker-a")
     await store.acknowledge(delivery.lease, "completed", result={"ok": True})
     r = await client.post("/v1/executions", json={"workflowId": "wf", "executionId": "busy"})

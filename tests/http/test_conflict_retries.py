@@ -25,7 +25,8 @@ from app.db import create_pool
 from app.store import ExecutionStore
 from app.store.retry import DEFAULT_ATTEMPTS
 from tests.http.conftest import api_settings
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
+from tests.support.waiting import wait_until
 
 BARRIER = """
 CREATE FUNCTION test_barrier() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -56,14 +57,6 @@ async def short_deadlock_timeout(pg_admin, database_url):
         await pg_admin.execute(f'ALTER DATABASE "{name}" RESET deadlock_timeout')
 
 
-async def _poll(predicate, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (value := await predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-    return value
-
-
 async def deadlock_once(database_url: str, pool: asyncpg.Pool, execution_id: str, call):
     """Run `call()` (a store call or a request) into a real deadlock with another
     transaction on `execution_id`'s row; return (call's answer, deadlocks the
@@ -77,9 +70,9 @@ async def deadlock_once(database_url: str, pool: asyncpg.Pool, execution_id: str
         await other.execute("SELECT pg_advisory_xact_lock(4242)")
         task = asyncio.create_task(call())
         # The store's statement holds the row and waits at the barrier.
-        await _poll(lambda: pool.fetchval(
+        await wait_until(lambda: pool.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"),
-            "the store's statement waiting at the barrier")
+            what="the store's statement waiting at the barrier", interval=0.01)
         # Close the cycle: Postgres aborts the store's statement, this one proceeds.
         await other.execute("UPDATE executions SET updated_at = now() WHERE execution_id = $1",
                             execution_id)

@@ -21,7 +21,7 @@ import pytest
 from app.store import ExecutionStore
 from app.ui.routes import CSRF_COOKIE, _csrf_of
 from tests.http.conftest import api_settings
-from tests.http.helpers import JSON, assert_error
+from tests.support.responses import JSON, assert_error
 
 
 def _db_name(url: str) -> str:

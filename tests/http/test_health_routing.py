@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.migrate import head_revision
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 
 async def test_healthz(client):

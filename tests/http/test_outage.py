@@ -15,7 +15,8 @@ import asyncpg
 from app.migrate import upgrade
 from app.settings import Settings
 from tests.http.conftest import api_settings
-from tests.http.helpers import JSON, assert_error
+from tests.support.responses import JSON, assert_error
+from tests.support.waiting import wait_until
 
 OUTAGE_BOUND_SECONDS = 10.0
 
@@ -54,14 +55,14 @@ async def assert_unavailable(client) -> None:
 
 
 async def wait_until_available(client) -> None:
-    deadline = time.monotonic() + OUTAGE_BOUND_SECONDS
-    while True:
+    """The API answers 200 again, and only 503 until then."""
+    async def recovered() -> bool:
         r = await client.get("/v1/executions/e1")
-        if r.status_code == 200:
-            return
-        assert r.status_code == 503, (r.status_code, r.text)
-        assert time.monotonic() < deadline, "the API did not recover"
-        await asyncio.sleep(0.1)
+        assert r.status_code in (200, 503), (r.status_code, r.text)
+        return r.status_code == 200
+
+    await wait_until(recovered, timeout=OUTAGE_BOUND_SECONDS, interval=0.1,
+                     what="the API to recover")
 
 
 async def test_postgres_stopped_and_started_again(embedded_server, make_client):

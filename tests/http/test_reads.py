@@ -10,7 +10,8 @@ from datetime import datetime
 
 import pytest
 
-from tests.http.helpers import admit, assert_error, get_record
+from tests.support.admission import admit_via_api
+from tests.support.responses import assert_error, get_record
 
 RECORD_FIELDS = {
     "executionId", "workflowId", "params", "context", "status", "outcome", "dueAt", "lease",
@@ -34,8 +35,8 @@ async def db_now(pool) -> datetime:
 
 
 async def test_record_fields_are_camel_case(client, pool):
-    await admit(client, "order-42", workflow_id="charge-order", params={"orderId": 42},
-                context={"tenant": "t1"})
+    await admit_via_api(client, "order-42", workflow_id="charge-order", params={"orderId": 42},
+                        context={"tenant": "t1"})
     record = await get_record(client, "order-42")
     assert RECORD_FIELDS <= set(record), set(record) ^ RECORD_FIELDS
     for key in record:
@@ -72,7 +73,7 @@ async def test_dot_segments_do_not_escape_the_route(client):
 
 
 async def test_leased_record_shows_running_and_the_lease(client, store, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     [delivery] = await store.claim_due(1, 30, "worker-a")
     record = await get_record(client, "e1")
     assert record["status"] == "running"
@@ -87,7 +88,7 @@ async def test_leased_record_shows_running_and_the_lease(client, store, pool):
 
 
 async def test_expired_lease_is_healed_on_read(client, store, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     await store.claim_due(1, 30, "worker-a")
     await pool.execute(
         "UPDATE executions SET lease_expires_at = now() - interval '1 minute'"
@@ -108,7 +109,7 @@ async def test_expired_lease_is_healed_on_read(client, store, pool):
 
 
 async def test_expired_lease_after_a_suspension_heals_to_suspended(client, store, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     [d] = await store.claim_due(1, 30, "worker-a")
     await store.request_wake("e1", await db_now(pool))
     await store.acknowledge(d.lease, "suspended")
@@ -125,8 +126,8 @@ async def test_expired_lease_after_a_suspension_heals_to_suspended(client, store
 
 
 async def test_terminal_record_shows_the_outcome(client, store):
-    await admit(client, "ok")
-    await admit(client, "bad")
+    await admit_via_api(client, "ok")
+    await admit_via_api(client, "bad")
     for d in await store.claim_due(2, 30, "worker-a"):
         if d.lease.execution_id == "ok":
             await store.acknowledge(d.lease, "completed", result={"charged": True})
@@ -173,7 +174,7 @@ async def list_all(client, query: dict | None = None, limit: int = 3) -> tuple[l
 async def test_keyset_pagination_three_pages_no_duplicates_no_gaps(client):
     ids = [f"e{i:02d}" for i in range(8)]
     for eid in ids:
-        await admit(client, eid)
+        await admit_via_api(client, eid)
     r = await client.get("/v1/executions", params={"limit": 3})
     first = r.json()
     assert len(first["executions"]) == 3 and first["nextCursor"]
@@ -193,11 +194,11 @@ async def test_keyset_pagination_three_pages_no_duplicates_no_gaps(client):
 
 async def test_pagination_is_stable_while_executions_are_admitted(client):
     for i in range(6):
-        await admit(client, f"old-{i}")
+        await admit_via_api(client, f"old-{i}")
     r = await client.get("/v1/executions", params={"limit": 2})
     page1 = r.json()
     for i in range(4):
-        await admit(client, f"new-{i}")  # newer than everything already listed
+        await admit_via_api(client, f"new-{i}")  # newer than everything already listed
     seen = [e["executionId"] for e in page1["executions"]]
     cursor = page1["nextCursor"]
     while cursor:
@@ -209,7 +210,7 @@ async def test_pagination_is_stable_while_executions_are_admitted(client):
 
 async def test_exact_multiple_of_limit_ends_without_an_empty_page(client):
     for i in range(6):
-        await admit(client, f"e{i}")
+        await admit_via_api(client, f"e{i}")
     seen, pages = await list_all(client, limit=3)
     assert len(seen) == 6 and pages == 2
 
@@ -222,9 +223,9 @@ async def test_empty_listing(client):
 
 async def test_filters(client, store, pool):
     for i in range(3):
-        await admit(client, f"a{i}", workflow_id="alpha")
+        await admit_via_api(client, f"a{i}", workflow_id="alpha")
     for i in range(2):
-        await admit(client, f"b{i}", workflow_id="beta")
+        await admit_via_api(client, f"b{i}", workflow_id="beta")
     # b0: running; a0: completed; a1: lease expired (healed: admitted, 1 unacknowledged).
     deliveries = {d.lease.execution_id: d for d in await store.claim_due(10, 30, "w")}
     await store.acknowledge(deliveries["a0"].lease, "completed", result=1)
@@ -272,14 +273,14 @@ def _cursor(obj) -> str:
          "padding"],
 )
 async def test_invalid_cursor_is_422(client, cursor):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     r = await client.get("/v1/executions", params={"cursor": cursor})
     assert_error(r, 422, "INVALID_CURSOR")
 
 
 async def test_cursor_from_another_filter_still_works(client):
     for i in range(4):
-        await admit(client, f"e{i}", workflow_id="alpha" if i % 2 else "beta")
+        await admit_via_api(client, f"e{i}", workflow_id="alpha" if i % 2 else "beta")
     cursor = (await client.get("/v1/executions", params={"limit": 1})).json()["nextCursor"]
     r = await client.get("/v1/executions", params={"cursor": cursor, "workflowId": "alpha"})
     assert r.status_code == 200
@@ -299,7 +300,7 @@ async def test_invalid_query_is_422(client, query):
 
 
 async def test_limit_bounds_are_inclusive(client):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     for limit in (1, 500):
         r = await client.get("/v1/executions", params={"limit": limit})
         assert r.status_code == 200, r.text

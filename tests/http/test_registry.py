@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.http.conftest import Rows
-from tests.http.helpers import assert_error, get_record, post_raw
+from tests.support.responses import assert_error, get_record, post_raw
 
 NOTHING = Rows(0, 0, 0)
 

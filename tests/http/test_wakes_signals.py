@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.http.conftest import Rows
-from tests.http.helpers import JSON, admit, assert_error, get_record, post_raw
+from tests.support.admission import admit_via_api
+from tests.support.responses import JSON, assert_error, get_record, post_raw
 
 
 def parse_time(value: str) -> datetime:
@@ -23,7 +24,7 @@ async def idle(client, store, *execution_ids: str) -> None:
     """Admit, claim, acknowledge `suspended`: no wake pending (dueAt null).
     Call it before anything else is due."""
     for execution_id in execution_ids:
-        await admit(client, execution_id)
+        await admit_via_api(client, execution_id)
     deliveries = await store.claim_due(100, 30, "worker-a")
     assert sorted(d.lease.execution_id for d in deliveries) == sorted(execution_ids)
     for d in deliveries:
@@ -34,7 +35,7 @@ async def idle(client, store, *execution_ids: str) -> None:
 
 
 async def terminal(client, store, execution_id: str, status: str = "completed") -> None:
-    await admit(client, execution_id)
+    await admit_via_api(client, execution_id)
     [d] = await store.claim_due(1, 30, "worker-a")
     if status == "completed":
         await store.acknowledge(d.lease, "completed", result={"done": True})
@@ -97,7 +98,7 @@ async def test_wakes_merge_to_the_earliest(client, store, pool):
 
 
 async def test_wake_on_a_fresh_admission_keeps_the_earlier_due_time(client, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     admitted_due = parse_time((await get_record(client, "e1"))["dueAt"])
     r = await client.post("/v1/executions/e1/wakes",
                           json={"at": (await db_now(pool) + timedelta(hours=1)).isoformat()})
@@ -106,7 +107,7 @@ async def test_wake_on_a_fresh_admission_keeps_the_earlier_due_time(client, pool
 
 
 async def test_wake_during_a_delivery_is_kept_apart(client, store, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     [d] = await store.claim_due(1, 30, "worker-a")
     assert (await get_record(client, "e1"))["dueAt"] is None
     at = await db_now(pool) + timedelta(minutes=5)
@@ -174,7 +175,7 @@ async def test_invalid_wake_bodies_are_422(client, store, rows, body):
 
 
 async def test_wake_body_transport_errors(small_client, store, rows):
-    await admit(small_client, "e1")
+    await admit_via_api(small_client, "e1")
     r = await post_raw(small_client, b'{"at":', "/v1/executions/e1/wakes")
     assert_error(r, 400, "MALFORMED_JSON")
     r = await post_raw(small_client, b'{"at":null}', "/v1/executions/e1/wakes",
@@ -210,7 +211,7 @@ async def test_signal_is_stored_and_makes_the_execution_due(client, store, pool,
 
 
 async def test_signal_without_body_and_repeated_signals(client, store, pool):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     for _ in range(2):
         r = await client.post("/v1/executions/e1/signals/ping")
         assert r.status_code == 202, r.text
@@ -222,7 +223,7 @@ async def test_signal_without_body_and_repeated_signals(client, store, pool):
 
 
 async def test_signal_to_a_running_execution_is_received(client, store):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     await store.claim_due(1, 30, "worker-a")
     r = await client.post("/v1/executions/e1/signals/go", json={"n": 1})
     assert r.status_code == 202, r.text
@@ -253,7 +254,7 @@ async def test_signal_to_a_terminal_execution_is_409(client, store, rows, status
     ids=["space", "nul", "non-ascii", "too-long", "comma", "quotes"],
 )
 async def test_bad_signal_name_is_422_and_nothing_is_stored(client, rows, name):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     counts = await rows()
     r = await client.post(f"/v1/executions/e1/signals/{name}", json={"v": 1})
     error = assert_error(r, 422)
@@ -269,7 +270,7 @@ async def test_bad_signal_name_is_422_and_nothing_is_stored(client, rows, name):
          "deep"],
 )
 async def test_unstorable_signal_payload_is_422_and_nothing_is_stored(client, rows, body):
-    await admit(client, "e1")
+    await admit_via_api(client, "e1")
     counts = await rows()
     r = await post_raw(client, body, "/v1/executions/e1/signals/go")
     assert_error(r, 422, "INVALID_EXECUTION_EVENT")
@@ -277,7 +278,7 @@ async def test_unstorable_signal_payload_is_422_and_nothing_is_stored(client, ro
 
 
 async def test_signal_transport_errors(small_client, rows):
-    await admit(small_client, "e1")
+    await admit_via_api(small_client, "e1")
     counts = await rows()
     path = "/v1/executions/e1/signals/go"
     assert_error(await post_raw(small_client, b"{", path), 400, "MALFORMED_JSON")
