@@ -23,36 +23,22 @@ occurred (issue 10, item 15):
   lock_waiters   how many sessions of this database wait for a lock (of one
                  kind: "advisory" for a gated statement, "row" for a row lock);
                  until_waiting polls it (a timeout lists the sessions).
-  wait_until     poll a condition (never a fixed sleep).
+  (waiting itself: tests/support/waiting.py, never a fixed sleep.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import asyncpg
+
+from tests.support.waiting import wait_until
 
 # pg_stat_activity.wait_event for a session blocked on another's row lock.
 _ROW_LOCK_EVENTS = ("transactionid", "tuple")
 _gate_ids = itertools.count(1)
-
-
-async def wait_until(condition: Callable[[], Awaitable[Any]], *, what: str,
-                     timeout: float = 10.0, interval: float = 0.005) -> Any:
-    """The first truthy value of `condition()`, polled every `interval` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def lock_waiters(pool: asyncpg.Pool, kind: str = "any", query: str | None = None) -> int:
@@ -79,7 +65,8 @@ async def until_waiting(pool: asyncpg.Pool, n: int, kind: str = "any", *,
         return bool(also and also()) or await lock_waiters(pool, kind, query) >= n
 
     try:
-        await wait_until(check, what=f"{n} session(s) waiting for a {kind} lock: {what}")
+        await wait_until(check, what=f"{n} session(s) waiting for a {kind} lock: {what}",
+                         interval=0.005)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{await activity(pool)}") from None
 
@@ -186,7 +173,8 @@ class StatementGate:
                 self.key) >= n
 
         try:
-            await wait_until(check, what=f"{n} statement(s) held at {self.name} ({self.when})")
+            await wait_until(check, what=f"{n} statement(s) held at {self.name} ({self.when})",
+                             interval=0.005)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{await activity(self.pool)}") from None
 
