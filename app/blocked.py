@@ -26,15 +26,20 @@ so `CASE WHEN` and Python's `if` take the same branch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from app.schema import TERMINAL_STATUSES
+
+# A healed execution record, by column name.
+Row = Mapping[str, Any]
 
 # ------------------------------------------------------------------ conditions
 
 
 class Condition:
-    def holds(self, row: dict, live: set[str] | None) -> bool:
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         raise NotImplementedError
 
     def sql(self, r: str, live: str) -> str:
@@ -52,10 +57,10 @@ def _literal(value: str) -> str:
 class StatusIn(Condition):
     statuses: tuple[str, ...]
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return row["status"] in self.statuses
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"({r}.status IN ({', '.join(map(_literal, self.statuses))}))"
 
 
@@ -63,10 +68,10 @@ class StatusIn(Condition):
 class Flag(Condition):
     column: str
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return bool(row[self.column])
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"coalesce({r}.{self.column}, false)"
 
 
@@ -76,10 +81,10 @@ class Later(Condition):
 
     column: str
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return row[self.column] is not None and row[self.column] > row["read_at"]
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"coalesce({r}.{self.column} > {r}.read_at, false)"
 
 
@@ -87,10 +92,10 @@ class Later(Condition):
 class NotDue(Condition):
     """No wake pending, or the earliest lies ahead."""
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return row["due_at"] is None or row["due_at"] > row["read_at"]
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"coalesce({r}.due_at > {r}.read_at, true)"
 
 
@@ -100,10 +105,10 @@ class WaitsOn(Condition):
 
     key: str
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return self.key in (row.get("waiting_on") or {})
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"coalesce({r}.waiting_on ? {_literal(self.key)}, false)"
 
 
@@ -111,10 +116,10 @@ class WaitsOn(Condition):
 class NoLiveWorker(Condition):
     """Known live workers, none of which runs the workflow."""
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return live is not None and row["workflow_id"] not in live
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return f"coalesce(NOT ({r}.workflow_id = ANY({live})), false)"
 
 
@@ -122,19 +127,19 @@ class NoLiveWorker(Condition):
 class All(Condition):
     parts: tuple[Condition, ...]
 
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return all(p.holds(row, live) for p in self.parts)
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return "(" + " AND ".join(p.sql(r, live) for p in self.parts) + ")"
 
 
 @dataclass(frozen=True)
 class Always(Condition):
-    def holds(self, row, live):
+    def holds(self, row: Row, live: set[str] | None) -> bool:
         return True
 
-    def sql(self, r, live):
+    def sql(self, r: str, live: str) -> str:
         return "true"
 
 
@@ -158,7 +163,7 @@ RULES: tuple[tuple[str, Condition], ...] = (
 REASONS: tuple[str, ...] = tuple(reason for reason, _ in RULES)
 
 
-def reason_of(row: dict, live_workflows: set[str] | None) -> str:
+def reason_of(row: Row, live_workflows: set[str] | None) -> str:
     for reason, condition in RULES:
         if condition.holds(row, live_workflows):
             return reason
@@ -175,21 +180,21 @@ def reason_sql(r: str = "r", live: str = "NULL::text[]") -> str:
 # ----------------------------------------------------------------- the answer
 
 
-def blocked_by(row: dict, live_workflows: set[str] | None) -> dict | None:
+def blocked_by(row: Row, live_workflows: set[str] | None) -> dict[str, Any] | None:
     """`row` is a healed record (ExecutionStore.get/list/ui_list, with read_at =
     the database's now). `live_workflows`: workflows some live worker runs;
     None when unknown."""
     reason = reason_of(row, live_workflows)
     if reason == NONE:
         return None
-    answer = {"reason": reason, **_DETAILS[reason](row)}
+    answer: dict[str, Any] = {"reason": reason, **_DETAILS[reason](row)}
     if row["cancel_requested_at"] is not None:
         # Not yet ended: its cleanup is running or waits for a delivery.
         answer["cancelRequested"] = True
     return answer
 
 
-_DETAILS = {
+_DETAILS: dict[str, Callable[[Row], dict[str, Any]]] = {
     "parked": lambda row: {"parkedReason": row["parked_reason"], "step": row["parked_step"]},
     "leased": lambda row: {"owner": row["lease_owner"], "until": row["lease_expires_at"]},
     "lease-expired": lambda row: {"since": row["last_unacknowledged_at"],

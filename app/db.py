@@ -4,6 +4,7 @@ SQLAlchemy/alembic (which reach Postgres through the same asyncpg driver)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import asyncpg
 
@@ -25,10 +26,10 @@ def asyncpg_dsn(url: str) -> str:
     return url
 
 
-def _exponent_float(value) -> float | None:
+def _exponent_float(value: Any) -> float | None:
     """The first float whose jsonb copy would read back as an int (1e+23 is
     stored as the exact decimal 100000000000000000000000), if any."""
-    stack = [value]
+    stack: list[Any] = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, float) and "e+" in repr(item):
@@ -40,7 +41,7 @@ def _exponent_float(value) -> float | None:
     return None
 
 
-def _encode_json(value) -> str:
+def _encode_json(value: Any) -> str:
     """JSON for jsonb, refusing what would not come back exactly: NaN and
     Infinity (allow_nan=False), lone surrogates (ensure_ascii=False leaves them
     raw, and they cannot be encoded as UTF-8), large floats written with an

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import IO, Any
 
 from app.settings import Settings
 
@@ -37,13 +39,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def spawn_children(url: str, *, host: str, port: int, workers: int, concurrency: int,
                    env_extra: dict[str, str] | None = None, log_level: str = "info",
-                   log_format: str = "json", stderr=None, api: bool = True,
-                   first_worker: int = 1) -> list[subprocess.Popen]:
+                   log_format: str = "json", stderr: int | IO[Any] | None = None,
+                   api: bool = True, first_worker: int = 1) -> list[subprocess.Popen[bytes]]:
     # Local loopback processes for dev, bench and soak: no tokens unless the
     # caller asks for them (FENCEPOST_AUTH in env_extra).
     env = child_env(url, env_extra)
     exe = [sys.executable, "-m", "app.cli"]
-    common = {"env": env, "start_new_session": True, "stderr": stderr}
+    common: dict[str, Any] = {"env": env, "start_new_session": True, "stderr": stderr}
     # Own sessions: a Ctrl-C at the terminal reaches only this process, which
     # then stops the children in order (one SIGTERM each: a graceful stop).
     children = []
@@ -87,7 +89,7 @@ class Supervisor:
     """Restarts a dead child with the same command line and environment, with a
     doubling delay while it keeps dying young; the other children are untouched."""
 
-    def __init__(self, children: list[subprocess.Popen], env: dict[str, str]):
+    def __init__(self, children: list[subprocess.Popen[bytes]], env: dict[str, str]):
         self.children = children
         self.env = env
         now = time.monotonic()
@@ -124,7 +126,7 @@ class Supervisor:
         return None
 
 
-def suggestion(modules: list[str]) -> tuple[str, dict]:
+def suggestion(modules: list[str]) -> tuple[str, dict[str, Any]]:
     """A workflow the dev workers actually carry, with params to try it."""
     from app.registry import load_workflows
 
@@ -140,7 +142,7 @@ def suggestion(modules: list[str]) -> tuple[str, dict]:
     return "your-workflow", {}
 
 
-def stop_children(children: list[subprocess.Popen], grace: float = 15.0) -> None:
+def stop_children(children: list[subprocess.Popen[bytes]], grace: float = 15.0) -> None:
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -208,7 +210,7 @@ Ctrl-C stops everything.
     supervisor = Supervisor(children, child_env(url, env))
     stopping = False
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         if stopping:
             for child in children:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("fencepost.embedded")
 
@@ -222,7 +223,7 @@ class EmbeddedPostgres:
     def __enter__(self) -> EmbeddedPostgres:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -275,16 +276,16 @@ class EmbeddedPostgres:
             if result.returncode != 0:
                 raise EmbeddedPostgresError(f"initdb failed for {self.data_dir}:\n{result.stdout}")
 
-    def _pg_ctl(self, args: list[str], *, check: bool) -> subprocess.CompletedProcess:
+    def _pg_ctl(self, args: list[str], *, check: bool) -> subprocess.CompletedProcess[str]:
         result = self._run("pg_ctl", ["-D", str(self.data_dir), *args])
         if check and result.returncode != 0:
             raise EmbeddedPostgresError(f"pg_ctl {' '.join(args)} failed:\n{result.stdout}")
         return result
 
-    def _run(self, exe: str, args: list[str]) -> subprocess.CompletedProcess:
+    def _run(self, exe: str, args: list[str]) -> subprocess.CompletedProcess[str]:
         # Output goes to a temp file, not a pipe: the postmaster forked by
         # `pg_ctl start` could otherwise inherit the pipe and keep it open.
-        kwargs: dict = {}
+        kwargs: dict[str, Any] = {}
         if self._run_as is not None:
             kwargs = {"user": self._run_as.uid, "group": self._run_as.gid, "extra_groups": []}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}

@@ -18,7 +18,8 @@ app/blocked.py's one rule. When the database does not answer,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import (
     PLATFORM_COLLECTOR,
@@ -30,12 +31,13 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from app.blocked import REASONS
 from app.version import VERSION
 
-disable_created_metrics()  # no `_created` twin for any counter or histogram
+# no `_created` twin for any counter or histogram (prometheus_client leaves it unannotated)
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 86400)
@@ -192,7 +194,7 @@ class ProcessMetrics:
             elif status == "parked":
                 self.parks.labels(park_reason).inc()
 
-    def claimed(self, rows: Iterable) -> None:
+    def claimed(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """A committed claim's rows (workflow_id, how, token, since_admitted)."""
         for row in rows:
             self.claims.labels(row["workflow_id"]).inc()
@@ -214,14 +216,14 @@ METRICS = ProcessMetrics()
 
 
 class _Snapshot:
-    def __init__(self, families):
+    def __init__(self, families: list[Metric]) -> None:
         self.families = families
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return self.families
 
 
-def database_families(snap: dict | None) -> list:
+def database_families(snap: dict[str, Any] | None) -> list[Metric]:
     """Gauges read from the database at scrape time; `snap` None: it did not answer."""
     up = GaugeMetricFamily("fencepost_database_up",
                            "1 when this scrape's database read succeeded, else 0.",
@@ -293,7 +295,7 @@ def database_families(snap: dict | None) -> list:
     ]
 
 
-def render_with_database(snap: dict | None) -> bytes:
+def render_with_database(snap: dict[str, Any] | None) -> bytes:
     """This process's metrics and the database gauges, as one exposition."""
     registry = CollectorRegistry()
     registry.register(_Snapshot(database_families(snap)))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import asyncpg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db import sqlalchemy_url
@@ -43,7 +45,7 @@ def known_revisions() -> set[str]:
     return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
-async def _with_lock(url: str, fn) -> None:
+async def _with_lock(url: str, fn: Callable[[Connection], None]) -> None:
     engine = create_async_engine(sqlalchemy_url(url))
     try:
         async with engine.connect() as conn:
@@ -61,7 +63,7 @@ async def _with_lock(url: str, fn) -> None:
 
 
 async def upgrade(url: str, revision: str = "head") -> None:
-    def run(sync_conn) -> None:
+    def run(sync_conn: Connection) -> None:
         cfg = alembic_config(url)
         cfg.attributes["connection"] = sync_conn
         command.upgrade(cfg, revision)
@@ -70,7 +72,7 @@ async def upgrade(url: str, revision: str = "head") -> None:
 
 
 async def downgrade(url: str, revision: str = "base") -> None:
-    def run(sync_conn) -> None:
+    def run(sync_conn: Connection) -> None:
         cfg = alembic_config(url)
         cfg.attributes["connection"] = sync_conn
         command.downgrade(cfg, revision)
@@ -124,7 +126,7 @@ def schema_problem(revision: str | None) -> SchemaOutOfDate | None:
     return None
 
 
-async def check_schema(pool) -> None:
+async def check_schema(pool: asyncpg.Pool) -> None:
     """API and workers refuse to start on a schema that is not at head."""
     try:
         revision = await pool.fetchval("SELECT version_num FROM alembic_version")

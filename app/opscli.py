@@ -85,7 +85,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print the API's JSON")
 
 
-def _sub(group: argparse._SubParsersAction, name: str, help_: str,
+def _sub(group: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_: str,
          run: Callable[[Client, argparse.Namespace], Any]) -> argparse.ArgumentParser:
     p = group.add_parser(name, help=help_, description=help_)
     _common(p)
@@ -93,7 +93,8 @@ def _sub(group: argparse._SubParsersAction, name: str, help_: str,
     return p
 
 
-def _group(p: argparse.ArgumentParser, name: str) -> argparse._SubParsersAction:
+def _group(p: argparse.ArgumentParser,
+           name: str) -> argparse._SubParsersAction[argparse.ArgumentParser]:
     sub = p.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
     sub.required = True
     return sub

@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -80,12 +80,17 @@ class WorkflowRegistrationError(ValueError):
     pass
 
 
+# A workflow's async function `(ctx, params) -> JSON value`, returned unchanged by @workflow.
+WorkflowFunction = TypeVar("WorkflowFunction", bound=Callable[..., Awaitable[Any]])
+
+
 def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timeout: float | timedelta | None = None, schedule: str | None = None,
              timezone: str | None = None, version: str | None = None,
              step_timeout: float | timedelta | None = None,
              cancel_grace: float | timedelta | None = None,
-             signals: Mapping[str, str | Iterable[str]] | None = None):
+             signals: Mapping[str, str | Iterable[str]] | None = None
+             ) -> Callable[[WorkflowFunction], WorkflowFunction]:
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
     `step_timeout`: the default bound of each step attempt (StepTimeout past it).
@@ -129,8 +134,9 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
         _check_schedule(workflow_id, params, schedule, timezone)
         timezone = timezone or "UTC"
 
-    def register(fn):
-        if not inspect.iscoroutinefunction(fn):
+    def register(fn: WorkflowFunction) -> WorkflowFunction:
+        candidate: object = fn  # checked as an object: fn keeps its own type for the return
+        if not inspect.iscoroutinefunction(candidate):
             raise WorkflowRegistrationError(f"workflow {workflow_id!r} must be an async function")
         existing = _registry.get(workflow_id)
         if existing is not None and (existing.module, existing.fn.__qualname__) != (

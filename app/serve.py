@@ -8,10 +8,15 @@ import errno
 import logging
 import socket
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from app import tracing
 from app.logs import FORMATS, configure_logging
 from app.settings import ConfigurationError, Settings
+
+if TYPE_CHECKING:  # for annotations only: import_workflows imports the registry when it runs
+    from app.registry import WorkflowDefinition
 
 
 def configure_api(p: argparse.ArgumentParser) -> None:
@@ -82,7 +87,7 @@ def check_port(flag: str, host: str, port: int, *, zero_means: str | None = None
             raise ConfigurationError(f"{flag} {port}: cannot bind {host}:{port} ({exc})") from None
 
 
-def import_workflows(settings: Settings) -> dict:
+def import_workflows(settings: Settings) -> dict[str, WorkflowDefinition]:
     """The workflows of FENCEPOST_WORKFLOWS; a module that cannot be imported
     is a configuration error."""
     from app.registry import load_workflows
@@ -140,7 +145,7 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
         timeout_graceful_shutdown=API_SHUTDOWN_SECONDS)
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # SIGTERM, SIGINT
             # The long-polls (waitSeconds up to 60) answer now with the record
             # as it is: a stop is not held up by them, and no client is cut.
             waiters = getattr(app.state, "waiters", None)

@@ -18,6 +18,8 @@ import math
 import sys
 from typing import Any
 
+import asyncpg
+
 from app.settings import Settings
 
 # Settings field -> environment variable, for every setting all processes share.
@@ -52,7 +54,7 @@ def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def mismatches(stored: dict[str, dict], settings: Settings) -> list[str]:
+def mismatches(stored: dict[str, dict[str, Any]], settings: Settings) -> list[str]:
     """One message per shared setting whose stored value differs from this
     process's; empty when every one agrees."""
     problems = []
@@ -72,7 +74,7 @@ def mismatches(stored: dict[str, dict], settings: Settings) -> list[str]:
     return problems
 
 
-async def check(pool, settings: Settings) -> dict[str, dict]:
+async def check(pool: asyncpg.Pool, settings: Settings) -> dict[str, dict[str, Any]]:
     """Store this process's shared settings where none are stored; raise
     SharedSettingsMismatch (exit 2, a message per difference) when a stored
     one differs. Returns the stored values."""
@@ -102,7 +104,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("value")
 
 
-def _parse(field: str, text: str, stored: dict[str, dict]) -> int | float:
+def _parse(field: str, text: str, stored: dict[str, dict[str, Any]]) -> int | float:
     annotation = Settings.model_fields[field].annotation
     try:
         value: int | float = int(text) if annotation is int else float(text)

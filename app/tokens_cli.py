@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from app.api.auth import ROLES, new_token
 from app.db import create_pool
@@ -41,14 +43,15 @@ def _per_minute_or_none(value: str) -> int | None:
         ) from None
 
 
-def _quota_options(p: argparse.ArgumentParser, kind, default) -> None:
+def _quota_options(p: argparse.ArgumentParser, kind: Callable[[str], Any],
+                   default: object) -> None:
     p.add_argument("--admissions-per-minute", type=kind, default=default, metavar="N",
                    help="most admissions per minute for this token (default: no limit)")
     p.add_argument("--signals-per-minute", type=kind, default=default, metavar="N",
                    help="most signals per minute for this token (default: no limit)")
 
 
-def _describe(row: dict) -> str:
+def _describe(row: Mapping[str, Any]) -> str:
     parts = []
     for column, kind in QUOTAS:
         n = row[column]

@@ -24,8 +24,9 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -80,7 +81,7 @@ def token_parts(token: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-def principal_of(row) -> Principal:
+def principal_of(row: Mapping[str, Any]) -> Principal:
     """The principal of an api_tokens row (token_id, name, role)."""
     roles = {"operate", "read"} if row["role"] == "operate" else {row["role"]}
     return Principal(row["token_id"], row["name"], frozenset(roles))
@@ -150,7 +151,7 @@ async def authenticate(request: Request) -> Principal:
             "create one with `fencepost tokens create --role ROLE --name NAME`",
             "no bearer token",
         )
-    principal = await request.app.state.verifier.verify(token.strip())
+    principal: Principal | None = await request.app.state.verifier.verify(token.strip())
     if principal is None:
         parts = token_parts(token.strip())
         raise _unauthenticated(request, "the API token is unknown or revoked; create a new one",
@@ -158,7 +159,7 @@ async def authenticate(request: Request) -> Principal:
     return principal
 
 
-def require(*roles: str):
+def require(*roles: str) -> Callable[[Request], Awaitable[Principal]]:
     """A dependency admitting principals with any of `roles`."""
 
     async def check(request: Request) -> Principal:

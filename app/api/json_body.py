@@ -211,7 +211,11 @@ def _parse_int(literal: str) -> int | _Rejected:
     return int(literal)
 
 
-def _path(node: tuple | None) -> str:
+# Where a value sits: (its container's node, its key or index); None at the top.
+PathNode = tuple["PathNode | None", str | int]
+
+
+def _path(node: PathNode | None) -> str:
     parts: list[str] = []
     while node is not None:
         node, key = node
@@ -257,7 +261,7 @@ def _invalid(message: str) -> BodyError:
     return BodyError(422, "INVALID_EXECUTION_EVENT", message)
 
 
-def _check_scalar(item: Any, node: tuple | None) -> None:
+def _check_scalar(item: Any, node: PathNode | None) -> None:
     """Validate a non-container value; ``node`` locates it for the message."""
     if isinstance(item, str):
         if _BAD_CHAR_RE.search(item):
@@ -278,12 +282,12 @@ def _check_tree(value: Any, max_depth: int) -> None:
     # Stack entries: (container, its depth, path node). A path node is
     # (parent node, key), so paths are only materialised when reporting an error.
     # Scalars are checked in place; only containers go on the stack.
-    stack: list[tuple[Any, int, tuple | None]] = [(value, 1, None)]
+    stack: list[tuple[Any, int, PathNode | None]] = [(value, 1, None)]
     while stack:
         container, depth, node = stack.pop()
         if depth > max_depth:
             raise _too_deep(max_depth, f" at {_path(node)}")
-        pending: list[tuple[Any, int, tuple | None]] = []
+        pending: list[tuple[Any, int, PathNode | None]] = []
         if isinstance(container, dict):
             for key, child in container.items():
                 if _BAD_CHAR_RE.search(key):

@@ -20,6 +20,8 @@ import asyncio
 import json
 from collections.abc import Iterable
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from app.api.json_body import error_body
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -61,12 +63,13 @@ class RequestGuard:
     """ASGI middleware: 431 for a head over `max_header_bytes`; 421 for a Host
     outside `allowed_hosts` (None: any host)."""
 
-    def __init__(self, app, *, max_header_bytes: int, allowed_hosts: Iterable[str] | None):
+    def __init__(self, app: ASGIApp, *, max_header_bytes: int,
+                 allowed_hosts: Iterable[str] | None):
         self.app = app
         self.max_header_bytes = max_header_bytes
         self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = scope.get("headers") or ()
             size = (len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
@@ -87,7 +90,7 @@ class RequestGuard:
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _answer(send, status: int, code: str, message: str) -> None:
+    async def _answer(send: Send, status: int, code: str, message: str) -> None:
         body, headers = _json_answer(status, code, message)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -99,7 +102,7 @@ DISCARD_BYTES = 1 << 20
 DISCARD_SECONDS = 5.0
 
 
-def guarded_http_protocol(limit: int):
+def guarded_http_protocol(limit: int) -> type[asyncio.Protocol] | None:
     """uvicorn's httptools protocol, refusing heads over `limit` bytes as they
     arrive. None when httptools is not installed (the middleware still answers)."""
     try:

@@ -8,6 +8,8 @@ the signal's recorded sender, not anything the payload says."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from app.sdk import SignalTimeout, WorkflowContext, workflow
@@ -19,12 +21,12 @@ class RefundRequest(BaseModel):
     approval_timeout_seconds: float = Field(3600, gt=0)
 
 
-def issue_refund(order_id: int, amount_cents: int) -> dict:
+def issue_refund(order_id: int, amount_cents: int) -> dict[str, Any]:
     return {"refundId": f"re_{order_id}", "amountCents": amount_cents}
 
 
 @workflow("approve-refund", params=RefundRequest, signals={"approval": "operate"})
-async def approve_refund(ctx: WorkflowContext, p: RefundRequest) -> dict:
+async def approve_refund(ctx: WorkflowContext, p: RefundRequest) -> dict[str, Any]:
     try:
         decision = await ctx.wait_for_signal("approval", timeout=p.approval_timeout_seconds,
                                              with_sender=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -17,7 +18,7 @@ class ChargeOrder(BaseModel):
     cancel_window_seconds: float = Field(2.0, ge=0, le=86400)
 
 
-def load_order(order_id: int) -> dict:
+def load_order(order_id: int) -> dict[str, Any]:
     """Stands in for a read from the shop's own database."""
     return {"orderId": order_id, "status": "open"}
 
@@ -26,9 +27,9 @@ class FakePaymentProvider:
     """Deduplicates by idempotency key, as a real provider (Stripe, Adyen) does."""
 
     def __init__(self) -> None:
-        self.charges: dict[str, dict] = {}
+        self.charges: dict[str, dict[str, Any]] = {}
 
-    def charge(self, order: dict, amount_cents: int, idempotency_key: str) -> dict:
+    def charge(self, order: dict[str, Any], amount_cents: int, idempotency_key: str) -> dict[str, Any]:
         if idempotency_key not in self.charges:
             digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:12]
             self.charges[idempotency_key] = {
@@ -43,7 +44,7 @@ payments = FakePaymentProvider()
 
 
 @workflow("charge-order", params=ChargeOrder)
-async def charge_order(ctx: WorkflowContext, p: ChargeOrder) -> dict:
+async def charge_order(ctx: WorkflowContext, p: ChargeOrder) -> dict[str, Any]:
     await ctx.sleep("cancel-window", timedelta(seconds=p.cancel_window_seconds))
     order = await ctx.step("load-order", load_order, p.order_id)
     if order["status"] != "open":
