@@ -193,8 +193,10 @@ class Worker:
             self.log.info("worker %s started: %s, concurrency %d", self.worker_id,
                      ", ".join(sorted(self.workflows)), self.concurrency)
             # One worker at a time runs each maintenance role; every worker
-            # takes part in the election (app/maintenance.py).
-            leaders = LeadershipStore(control_pool)
+            # takes part in the election (app/maintenance.py). Its statements
+            # use the main pool: the control pool stays the renewer's alone,
+            # so a delivery's lease renewal never queues behind them.
+            leaders = LeadershipStore(pool)
             sweeps = Leadership(leaders, SWEEPS, self.worker_id, s.maintenance_lease_seconds)
             schedules = Leadership(leaders, schedules_role(sorted(self.workflows)),
                                    self.worker_id, s.maintenance_lease_seconds)
