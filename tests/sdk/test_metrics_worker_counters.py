@@ -40,7 +40,7 @@ class _NoReaper:
     def __init__(self, *args, **kwargs) -> None:
         pass
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *_: object) -> None:  # whatever else run takes
         await stop.wait()
 
 
