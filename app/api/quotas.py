@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Request
 
@@ -39,7 +39,8 @@ _WHAT = {"admissions": "admit executions", "signals": "send signals"}
 # {token_id: (admissions_per_minute, signals_per_minute)}, None where unlimited.
 Limits = dict[str, tuple[int | None, int | None]]
 
-RATE_LIMITED = {
+# FastAPI's `responses=` entry for the routes that enforce a quota.
+RATE_LIMITED: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorBody,
           "description": "RATE_LIMITED: the token's quota is used up; retry after Retry-After seconds"},
 }

@@ -20,10 +20,10 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import asyncpg
+from starlette.types import Receive
 
 from app.db import asyncpg_dsn
 from app.settings import Settings
@@ -158,7 +158,7 @@ class Waiters:
 
 
 async def wait_or_gone(ended: asyncio.Event, seconds: float,
-                       receive: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
+                       receive: Receive) -> bool:
     """Wait until `ended` is set or `seconds` pass (False when the client
     disconnected first: its request needs no answer)."""
 
