@@ -116,18 +116,27 @@ REFUSED_VALID: dict[tuple[str, str], str] = {
        "request arrives" for op in ("admitExecution", "redriveExecution")},
     **{(op, "INVALID_CURSOR"): "a cursor is one this server issued (nextCursor), "
        "not any string" for op in _LISTS},
-    **{(op, "INVALID_EXECUTION_EVENT"): "a JSON value PostgreSQL's jsonb cannot hold exactly: "
-       "a NUL character in a string or key, a float that would come back an integer"
-       for op in _JSON_VALUES},
     ("createSchedule", "INVALID_SCHEDULE"): "the schema states a cron expression's shape and "
     "a time zone name's; not that a range runs forwards, a step fits its field, the "
     "expression fires at all (0 0 30 2 *) or the zone is in the system's database",
 }
 
 
+def unstorable(operation: str, code: str | None, message: str) -> bool:
+    """A JSON value PostgreSQL's jsonb cannot hold exactly (a NUL character in
+    a string or key, a float that would come back an integer) is refused:
+    INVALID_EXECUTION_EVENT, or INVALID_RESOLUTION for a resolution's result."""
+    return operation in _JSON_VALUES and (
+        code == "INVALID_EXECUTION_EVENT"
+        or (code == "INVALID_RESOLUTION" and "cannot be stored exactly" in message))
+
+
 def accepts_valid_data(ctx, response, case):
-    """positive_data_acceptance, but for the refusals REFUSED_VALID explains."""
-    if (operation_id(case), error_code(response)) in REFUSED_VALID:
+    """positive_data_acceptance, but for the refusals REFUSED_VALID explains
+    and values the store cannot hold exactly."""
+    code, message = error(response)
+    if (operation_id(case), code) in REFUSED_VALID or unstorable(operation_id(case), code,
+                                                                   message):
         return None
     return positive_data_acceptance(ctx, response, case)
 
@@ -137,7 +146,7 @@ def finds_created_resources(ctx, response, case):
     execution never recorded: a 404 STEP_NOT_FOUND about the body's `fromStep`,
     not the execution (routed: test_a_fork_from_an_unrecorded_step_is_not_a_404)."""
     if (operation_id(case) in
-            ("forkExecution", "redriveExecution") and error_code(response) == "STEP_NOT_FOUND"):
+            ("forkExecution", "redriveExecution") and error(response)[0] == "STEP_NOT_FOUND"):
         return None
     return ensure_resource_availability(ctx, response, case)
 
@@ -172,13 +181,16 @@ def operation_id(case) -> str:
     return OPERATION_IDS[(case.operation.method.upper(), case.operation.path)]
 
 
-def error_code(response) -> str | None:
+def error(response) -> tuple[str | None, str]:
+    """The error body's code and message."""
     try:
         body = response.json()
     except ValueError:
-        return None
-    error = body.get("error") if isinstance(body, dict) else None
-    return error.get("code") if isinstance(error, dict) else None
+        return None, ""
+    found = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(found, dict):
+        return None, ""
+    return found.get("code"), str(found.get("message", ""))
 
 
 # Every check schemathesis has (test_the_run_has_every_check keeps it so), three
