@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
+from pydantic import ValidationError
 
 from app.maintenance import Leadership, schedules_role
+from app.settings import Settings
 from app.store.leadership import LeadershipStore
 
 
@@ -82,3 +85,17 @@ async def test_a_leader_checks_the_database_before_each_sweep(pool: asyncpg.Pool
     assert await _expired(store, a.lease)
     assert await b.attempt() and await b.leading()
     assert not await a.leading() and a.lease is None
+
+
+def test_the_lease_ttl_setting_defaults_to_15_s_or_the_shorter_execution_lease(monkeypatch):
+    for name in ("FENCEPOST_LEASE_SECONDS", "FENCEPOST_MAINTENANCE_LEASE_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    assert Settings().maintenance_lease_seconds == 15
+    assert Settings(lease_seconds=2).maintenance_lease_seconds == 2
+    assert Settings(lease_seconds=2, maintenance_lease_seconds=20).maintenance_lease_seconds == 20
+    monkeypatch.setenv("FENCEPOST_MAINTENANCE_LEASE_SECONDS", "4")
+    assert Settings(lease_seconds=2).maintenance_lease_seconds == 4
+    for bad in ("0", "-1", "3601"):
+        monkeypatch.setenv("FENCEPOST_MAINTENANCE_LEASE_SECONDS", bad)
+        with pytest.raises(ValidationError, match="maintenance_lease_seconds"):
+            Settings()
