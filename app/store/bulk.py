@@ -15,6 +15,10 @@ from typing import Any, Literal
 
 import asyncpg
 
+from app.store.handle import ConnectionHandle, StoreObject
+from app.store.operator import Operator, cancel_tree
+from app.store.redrive import Redrives
+
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
 CancelOperationAnswer = Literal["cancelled", "not_found", "finished"]
 
@@ -47,13 +51,11 @@ def filter_sql(spec: dict[str, Any]) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), args
 
 
-class BulkStatements:
-    pool: Any
-
+class Operations(StoreObject):
     async def preview_operation(self, spec: dict[str, Any]) -> tuple[int, list[str]]:
         """A dry run: how many executions the filter matches now, and a sample."""
         where, args = filter_sql(spec)
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             SELECT count(*) AS matched,
                    (SELECT coalesce(array_agg(execution_id), '{{}}') FROM (
@@ -61,17 +63,18 @@ class BulkStatements:
                         ORDER BY admitted_at, execution_id LIMIT {SAMPLE}) s) AS sample
             FROM executions WHERE {where}
             """, *args)
+        assert row is not None  # the statement always returns its row
         return row["matched"], list(row["sample"])
 
     async def create_operation(self, action: str, spec: dict[str, Any], *, by: str,
                                options: dict[str, Any] | None = None, reason: str | None = None,
-                               max_matched: int = 100_000) -> dict | None:
+                               max_matched: int = 100_000) -> dict[str, Any] | None:
         """Store the operation and its items (the executions the filter matches
         now) in one statement; None when more than `max_matched` match."""
         assert action in ACTIONS, action
         where, args = filter_sql(spec)
         n = len(args)
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             WITH matched AS (
                 SELECT execution_id FROM executions WHERE {where}
@@ -94,10 +97,10 @@ class BulkStatements:
             return None
         return await self.get_operation(row["operation_id"])
 
-    async def get_operation(self, operation_id: str, *, failures: int = 100) -> dict | None:
+    async def get_operation(self, operation_id: str, *, failures: int = 100) -> dict[str, Any] | None:
         """The operation with its progress (items done, failed, pending) and
         its first `failures` failed items."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             """
             SELECT o.*,
                    (SELECT count(*) FILTER (WHERE i.status = 'done') FROM operation_items i
@@ -118,10 +121,10 @@ class BulkStatements:
         return dict(row) if row is not None else None
 
     async def cancel_operation(self, operation_id: str, by: str
-                               ) -> tuple[CancelOperationAnswer, dict | None]:
+                               ) -> tuple[CancelOperationAnswer, dict[str, Any] | None]:
         """Stop a running operation: items not yet carried out stay pending and
         are never acted on. What was done stays done."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             """
             UPDATE operations SET status = 'cancelled', finished_at = now(),
                    options = options || jsonb_build_object('cancelledBy', $2::text)
@@ -167,10 +170,10 @@ class BulkStatements:
                 """, sorted({i["operation_id"] for i in items}))
             return len(items)
 
-        done = await self.pool.run_in_transaction(batch)
+        done = await self.db.run_in_transaction(batch)
         if done == 0:
             # Operations that matched nothing (or whose last batch raced).
-            await self.pool.execute(
+            await self.db.execute(
                 """
                 UPDATE operations o SET status = 'completed', finished_at = now()
                 WHERE o.status = 'running'
@@ -180,14 +183,17 @@ class BulkStatements:
                 """)
         return done
 
-    async def _apply_item(self, conn: asyncpg.Connection, item) -> tuple[str | None, str | None]:
+    async def _apply_item(self, conn: asyncpg.Connection,
+                          item: asyncpg.Record) -> tuple[str | None, str | None]:
         """Act on one execution in the batch's transaction: (None, None) when
         done, else (error code, message) — the codes the single-execution API
         answers with."""
         eid, action, options = item["execution_id"], item["action"], item["options"]
         by = f"{item['created_by']} (operation {item['operation_id']})"
+        # The batch's transaction: the single-execution statements join it.
+        here = ConnectionHandle(conn)
         if action == "cancel":
-            if await self._cancel_tree(conn, eid, by, False) is not None:
+            if await cancel_tree(conn, eid, by, False) is not None:
                 return None, None
             status = await conn.fetchval(
                 "SELECT status FROM executions WHERE execution_id = $1", eid)
@@ -195,9 +201,9 @@ class BulkStatements:
                 return "EXECUTION_NOT_FOUND", f"no execution {eid!r}"
             return "EXECUTION_TERMINAL", f"already ended ({status})"
         if action == "redrive":
-            answer, detail = await self._redrive(
-                conn, eid, by, options.get("fromStep"), None, options.get("timeoutSeconds"),
-                item["reason"], None)
+            answer, detail = await Redrives(here, self.config).redrive(
+                eid, by, from_step=options.get("fromStep"),
+                timeout_seconds=options.get("timeoutSeconds"), reason=item["reason"])
             return {
                 "redriven": (None, None),
                 "not_found": ("EXECUTION_NOT_FOUND", f"no execution {eid!r}"),
@@ -206,10 +212,10 @@ class BulkStatements:
                 "step_not_found": ("STEP_NOT_FOUND", f"no recorded step {options.get('fromStep')!r}"),
             }[answer]
         if action == "resume":
-            answer, status = await self.resume(eid, by, db=conn)
-            if answer == "resumed":
+            resumed, status = await Operator(here, self.config).resume(eid, by)
+            if resumed == "resumed":
                 return None, None
-            if answer == "not_found":
+            if resumed == "not_found":
                 return "EXECUTION_NOT_FOUND", f"no execution {eid!r}"
             return "EXECUTION_NOT_PARKED", f"execution is {status}, not parked as poison"
         # resolve: the step the execution is parked on, as the operation says.
@@ -219,9 +225,9 @@ class BulkStatements:
             "AND status = 'parked' AND parked_reason = 'outcome_unknown'", eid)
         if step is None:
             return "STEP_NOT_OUTCOME_UNKNOWN", "not parked on a step whose outcome is unknown"
-        answer, status = await self.resolve_step(
+        resolved, status = await Operator(here, self.config).resolve_step(
             eid, step, resolution.get("action", "retry"), by=by,
-            result=resolution.get("result"), error=resolution.get("error"), db=conn)
-        if answer == "resolved":
+            result=resolution.get("result"), error=resolution.get("error"))
+        if resolved == "resolved":
             return None, None
         return "STEP_NOT_OUTCOME_UNKNOWN", f"step {step!r} is not waiting for a decision ({status})"

@@ -1,14 +1,18 @@
-"""Statements of the test harness (app.testing): moving an environment's
-recorded times instead of the clock.
+"""The database clock, the only clock: every time is `now()` in SQL.
 
-The database clock is `now()` everywhere, so "an hour passes" for a set of
-executions is the same as every time recorded for them being an hour earlier.
-These statements are for a test database only; nothing in the service calls them."""
+`now` and `deadline_passed` read it. The family statements are the test
+harness's (app.testing): they move an environment's recorded times instead
+of the clock. "An hour passes" for a set of executions is the same as every
+time recorded for them being an hour earlier; those statements are for a
+test database only, nothing in the service calls them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
+from typing import cast
 
+from app.store.handle import StoreObject
 from app.store.types import NOTIFY_CHANNEL
 
 # The executions an environment started and every child below them
@@ -22,19 +26,34 @@ _FAMILY = """
 """
 
 
-class ClockStatements:
+class Clock(StoreObject):
+    async def db_now(self) -> datetime:
+        """now() of the database."""
+        return cast("datetime", await self.db.fetchval("SELECT now()"))
+
+    async def deadline_passed(self, deadline: datetime) -> tuple[bool, datetime]:
+        """(deadline <= now, now) by the database clock, the clock every
+        deadline is judged by. Admission asks right before it admits: a
+        deadline that passes between this read and the insert is one the
+        execution reaches at once after admission, which is where it would
+        end anyway (timed_out); no request with a past deadline is stored."""
+        row = await self.db.fetchrow(
+            "SELECT $1::timestamptz <= now() AS passed, now() AS now", deadline)
+        assert row is not None  # the statement always returns its row
+        return row["passed"], row["now"]
+
     async def family_busy(self, roots: Sequence[str]) -> int:
         """How many executions of the family are being delivered or due now
         (running, or admitted/suspended with a wake at or before now()). Time is
         moved only when this is 0: moving it under a held lease would lapse the lease."""
-        return await self.pool.fetchval(
+        return int(await self.db.fetchval(
             _FAMILY + """
             SELECT count(*) FROM executions e JOIN family USING (execution_id)
             WHERE e.status = 'running'
                OR (e.status IN ('admitted', 'suspended') AND e.due_at <= now())
             """,
             list(roots),
-        )
+        ))
 
     async def shift_family_times(self, roots: Sequence[str], seconds: float) -> int:
         """Move every time recorded for the family `seconds` into the past, in
@@ -44,7 +63,7 @@ class ClockStatements:
         waiting_on summary, effect start times, signal arrival times. Events
         keep their times (history). Idle workers are notified, as a due wake
         would. Returns how many executions moved."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             _FAMILY + f"""
             , d AS (SELECT make_interval(secs => $2::float8) AS by)
             , ex AS (
@@ -86,11 +105,12 @@ class ClockStatements:
             list(roots),
             float(seconds),
         )
-        return row["moved"]
+        assert row is not None  # the statement always returns its row
+        return int(row["moved"])
 
     async def family_statuses(self, roots: Sequence[str]) -> dict[str, str]:
         """execution ID -> status, for the family."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             _FAMILY + "SELECT e.execution_id, e.status FROM executions e JOIN family USING (execution_id)",
             list(roots),
         )
@@ -99,7 +119,7 @@ class ClockStatements:
     async def family_next_wake(self, roots: Sequence[str]) -> float | None:
         """Seconds from now() to the earliest pending wake or deadline of the
         family's unfinished executions (at least 0), or None when nothing waits on time."""
-        return await self.pool.fetchval(
+        return cast("float | None", await self.db.fetchval(
             _FAMILY + """
             SELECT greatest(0, extract(epoch FROM min(least(
                        CASE WHEN e.status IN ('admitted', 'suspended') THEN e.due_at END,
@@ -108,4 +128,4 @@ class ClockStatements:
             WHERE e.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
             """,
             list(roots),
-        )
+        ))

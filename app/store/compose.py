@@ -6,20 +6,22 @@ ID derived from the parent's step, so a repeat starts nothing new)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import asyncpg
 
+from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.handle import StoreObject
 from app.store.types import (
-    _TERMINAL_SQL,
     ENDED_CHANNEL,
-    INTERRUPT_SQL,
     NOTIFY_CHANNEL,
+    TERMINAL_SQL,
     InvalidEvent,
     Lease,
     LeaseLost,
     StepRecord,
-    _step,
+    step_record,
 )
 
 # Every statement that can end an execution wakes its parent in the same
@@ -30,7 +32,7 @@ from app.store.types import (
 # long-poll waits for (watched_executions). A NOTIFY serializes commits across
 # the database, so an end nobody waits for sends none.
 ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', x.execution_id)) FROM {{ended}} x "
-                f"WHERE x.status IN {_TERMINAL_SQL} AND EXISTS (SELECT 1 FROM watched_executions w "
+                f"WHERE x.status IN {TERMINAL_SQL} AND EXISTS (SELECT 1 FROM watched_executions w "
                 "WHERE w.execution_id = x.execution_id)) AS ended_notices")
 
 WAKE_PARENTS = """
@@ -57,15 +59,25 @@ class TransactionFailed(Exception):
 ChildAnswer = Literal["started", "existing", "conflict", "parent_cancelling"]
 
 
-class ComposeStatements:
-    pool: asyncpg.Pool
+@dataclass(frozen=True)
+class ChildExecution:
+    """The execution a child start is about: the step's child (started, or
+    existing: started before, under whatever ID), the ID asked for
+    (parent_cancelling), or the unrelated holder of that ID (conflict: its
+    status, "retired" for a retention tombstone, and workflow)."""
 
+    execution_id: str
+    status: str | None = None
+    workflow_id: str | None = None
+
+
+class Compose(StoreObject):
     async def transaction_step(
         self,
         lease: Lease,
         step_key: str,
         fn: Callable[..., Awaitable[Any]],
-        args: tuple,
+        args: tuple[Any, ...],
         *,
         function_name: str,
         attempts: int,
@@ -83,83 +95,101 @@ class ComposeStatements:
         signals still update the row meanwhile, so a transaction longer than
         the lease keeps its lease.
         A receipt already present returns the recorded result; `fn` does not run.
+        On a store bound to a caller's transaction, all this runs in a savepoint
+        of it (and `fn`'s session changes stay on the caller's connection).
         """
-        async with self.pool.acquire() as conn:
-            try:
-                async with conn.transaction():
-                    fence = await conn.fetchrow(
-                        f"""
-                        SELECT {INTERRUPT_SQL} FROM executions
-                        WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                        FOR KEY SHARE
+        try:
+            return await self._transaction_step(lease, step_key, fn, args,
+                                                function_name=function_name, attempts=attempts,
+                                                check_value=check_value)
+        except LeaseLost:
+            # Recorded after the refused transaction rolled back.
+            raise await rejected(self.db, lease, step_key) from None
+
+    async def _transaction_step(
+        self,
+        lease: Lease,
+        step_key: str,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        *,
+        function_name: str,
+        attempts: int,
+        check_value: Callable[[Any], str | None],
+    ) -> StepRecord:
+        # The user's code may change session state (SET, prepared
+        # statements): a pool connection is reset before it goes back.
+        async with self.db.connection(reset=True) as conn:
+            async with conn.transaction():
+                fence = await conn.fetchrow(
+                    f"""
+                    SELECT {INTERRUPT_SQL} FROM executions
+                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    FOR KEY SHARE
+                    """,
+                    lease.execution_id,
+                    lease.token,
+                )
+                if fence is None:
+                    raise LeaseLost(lease.execution_id, lease.token)
+                existing = await conn.fetchrow(
+                    """
+                    SELECT step_key, status, value, error, function_name, attempts, token,
+                           recorded_at
+                    FROM execution_steps WHERE execution_id = $1 AND step_key = $2
+                    """,
+                    lease.execution_id,
+                    step_key,
+                )
+                if existing is not None:
+                    return step_record(existing, fence["interrupt"])
+                try:
+                    value = await fn(conn, *args)
+                except Exception as exc:
+                    raise TransactionFailed(exc) from exc
+                problem = check_value(value)
+                if problem is not None:
+                    raise TransactionFailed(TypeError(
+                        f"step {step_key!r} returned a value that is not JSON: {problem}"
+                    ))
+                try:
+                    row = await conn.fetchrow(
+                        """
+                        WITH ins AS (
+                            INSERT INTO execution_steps
+                                (execution_id, step_key, status, value, function_name,
+                                 attempts, token)
+                            VALUES ($1, $3, 'completed', $4, $5, $6, $2)
+                            RETURNING step_key, status, value, error, function_name,
+                                      attempts, token, recorded_at
+                        ), ev AS (
+                            INSERT INTO execution_events (execution_id, kind, token, detail)
+                            SELECT $1, 'step_recorded', $2,
+                                   jsonb_build_object('stepKey', $3::text,
+                                                      'status', 'completed',
+                                                      'transaction', true)
+                            FROM ins
+                        )
+                        SELECT * FROM ins
                         """,
                         lease.execution_id,
                         lease.token,
-                    )
-                    if fence is None:
-                        raise LeaseLost(lease.execution_id, lease.token)
-                    existing = await conn.fetchrow(
-                        """
-                        SELECT step_key, status, value, error, function_name, attempts, token,
-                               recorded_at
-                        FROM execution_steps WHERE execution_id = $1 AND step_key = $2
-                        """,
-                        lease.execution_id,
                         step_key,
+                        value,
+                        function_name,
+                        attempts,
                     )
-                    if existing is not None:
-                        return _step(existing, fence["interrupt"])
-                    try:
-                        value = await fn(conn, *args)
-                    except Exception as exc:
-                        raise TransactionFailed(exc) from exc
-                    problem = check_value(value)
-                    if problem is not None:
-                        raise TransactionFailed(TypeError(
-                            f"step {step_key!r} returned a value that is not JSON: {problem}"
-                        ))
-                    try:
-                        row = await conn.fetchrow(
-                            """
-                            WITH ins AS (
-                                INSERT INTO execution_steps
-                                    (execution_id, step_key, status, value, function_name,
-                                     attempts, token)
-                                VALUES ($1, $3, 'completed', $4, $5, $6, $2)
-                                RETURNING step_key, status, value, error, function_name,
-                                          attempts, token, recorded_at
-                            ), ev AS (
-                                INSERT INTO execution_events (execution_id, kind, token, detail)
-                                SELECT $1, 'step_recorded', $2,
-                                       jsonb_build_object('stepKey', $3::text,
-                                                          'status', 'completed',
-                                                          'transaction', true)
-                                FROM ins
-                            )
-                            SELECT * FROM ins
-                            """,
-                            lease.execution_id,
-                            lease.token,
-                            step_key,
-                            value,
-                            function_name,
-                            attempts,
-                        )
-                    except (ValueError, TypeError, asyncpg.DataError) as exc:
-                        raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
-                    except asyncpg.InFailedSQLTransactionError as exc:
-                        # fn caught a SQL error and carried on: the transaction
-                        # is aborted, so nothing of it (nor the receipt) commits.
-                        raise TransactionFailed(RuntimeError(
-                            "the transaction was aborted by an error inside the step's "
-                            "function; nothing was committed"
-                        )) from exc
-                    return _step(row, fence["interrupt"])
-            finally:
-                # The user's code may have changed session state (SET, prepared
-                # statements); pool connections are otherwise not reset.
-                if not conn.is_closed():
-                    await conn.reset()
+                except (ValueError, TypeError, asyncpg.DataError) as exc:
+                    raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+                except asyncpg.InFailedSQLTransactionError as exc:
+                    # fn caught a SQL error and carried on: the transaction
+                    # is aborted, so nothing of it (nor the receipt) commits.
+                    raise TransactionFailed(RuntimeError(
+                        "the transaction was aborted by an error inside the step's "
+                        "function; nothing was committed"
+                    )) from exc
+                assert row is not None  # the statement always returns its row
+                return step_record(row, fence["interrupt"])
 
     async def start_child(
         self,
@@ -170,7 +200,7 @@ class ComposeStatements:
         params: Any,
         child_id: str,
         timeout_seconds: float | None = None,
-    ) -> tuple[ChildAnswer, dict]:
+    ) -> tuple[ChildAnswer, ChildExecution]:
         """Admit the child under `child_id`, linked to the parent's step, in
         the statement that checks the parent's fence: a stale holder (token no
         longer current, or the parent no longer running) starts nothing and
@@ -191,7 +221,7 @@ class ComposeStatements:
         """
         for _ in range(3):
             try:
-                row = await self.pool.fetchrow(
+                row = await self.db.fetchrow(
                     f"""
                     WITH parent AS (
                         -- The fence: same predicate as every fenced write.
@@ -243,12 +273,13 @@ class ComposeStatements:
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 raise InvalidEvent(f"child params: {exc}") from exc
+            assert row is not None  # the statement always returns its row
             if not row["fenced"]:
-                raise LeaseLost(lease.execution_id, lease.token)
+                raise await rejected(self.db, lease, step_key)
             if row["cancelling"]:
-                return "parent_cancelling", {"executionId": child_id}
+                return "parent_cancelling", ChildExecution(child_id)
             if row["started"]:
-                return "started", {"executionId": child_id}
+                return "started", ChildExecution(child_id)
             found = await self._child_or_holder(lease.execution_id, step_key, child_id)
             if found is not None:
                 return found
@@ -256,10 +287,10 @@ class ComposeStatements:
         raise LeaseLost(lease.execution_id, lease.token)
 
     async def _child_or_holder(self, parent_id: str, step_key: str,
-                               child_id: str) -> tuple[ChildAnswer, dict] | None:
+                               child_id: str) -> tuple[ChildAnswer, ChildExecution] | None:
         """Why start_child inserted nothing: the step's child, else whoever
         holds (or held: a tombstone) the ID; None when neither exists."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             SELECT execution_id, status, workflow_id,
                    (parent_execution_id = $1 AND parent_step_key = $2) IS TRUE AS linked
@@ -275,15 +306,15 @@ class ComposeStatements:
         )
         for r in rows:
             if r["linked"]:
-                return "existing", {"executionId": r["execution_id"]}
+                return "existing", ChildExecution(r["execution_id"])
         if rows:
-            return "conflict", {"executionId": child_id, "status": rows[0]["status"],
-                                "workflowId": rows[0]["workflow_id"]}
+            return "conflict", ChildExecution(child_id, rows[0]["status"],
+                                              rows[0]["workflow_id"])
         return None
 
-    async def child_status(self, child_id: str) -> tuple[str | None, dict | None]:
+    async def child_status(self, child_id: str) -> tuple[str | None, dict[str, Any] | None]:
         """(status, outcome) of a child; (None, None) when it does not exist."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             "SELECT status, outcome FROM executions WHERE execution_id = $1", child_id
         )
         return (row["status"], row["outcome"]) if row is not None else (None, None)

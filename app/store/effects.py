@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncpg
-
 from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
+from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.handle import StoreObject
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
-from app.store.types import INTERRUPT_SQL, NOTIFY_CHANNEL, Lease, LeaseLost
+from app.store.types import NOTIFY_CHANNEL, Lease
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,13 @@ class EffectAttempt:
     interrupt: str | None = None
 
 
-class EffectStatements:
-    pool: asyncpg.Pool
-
+class Effects(StoreObject):
     async def begin_effect(
         self, lease: Lease, step_key: str, *, idempotency_key: str, function_name: str
     ) -> EffectAttempt:
         """Persist the attempt before the call (fenced: a stale holder cannot
         start one), or return the attempt an earlier delivery left behind."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             WITH fence AS (
                 -- FOR SHARE: no claim can land between the token check and the insert.
@@ -62,25 +60,26 @@ class EffectStatements:
             idempotency_key,
             function_name,
         )
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
         if row["status"] is not None:
             return EffectAttempt(step_key, row["idempotency_key"], row["status"], row["token"],
                                  row["attempts"], True, row["interrupt"])
-        existing = await self.pool.fetchrow(
+        existing = await self.db.fetchrow(
             "SELECT idempotency_key, status, token, attempts FROM effects "
             "WHERE execution_id = $1 AND step_key = $2",
             lease.execution_id,
             step_key,
         )
+        assert existing is not None  # recorded: the insert above met it
         return EffectAttempt(step_key, existing["idempotency_key"], existing["status"],
                              existing["token"], existing["attempts"], False, row["interrupt"])
 
     async def retry_effect(self, lease: Lease, step_key: str) -> None:
         """Record one more attempt of a begun effect (idempotent call again,
         reconciled as not found, or retried on an operator's word), fenced."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             """
             WITH fence AS (
                 SELECT execution_id FROM executions
@@ -103,9 +102,9 @@ class EffectStatements:
             lease.token,
             step_key,
         )
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
 
     async def park_outcome_unknown(self, lease: Lease, step_key: str) -> str:
         """End the delivery by parking the execution: the effect's outcome is
@@ -113,7 +112,7 @@ class EffectStatements:
         Fenced like an acknowledgement (it is one: the counter resets). A
         pending cancel request or a passed deadline ends it instead, as an
         acknowledgement would. Returns the status written."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             WITH p AS (
                 UPDATE executions e
@@ -157,6 +156,7 @@ class EffectStatements:
             step_key,
         )
         if row is None:
-            raise LeaseLost(lease.execution_id, lease.token)
-        METRICS.ended([row["status"]], park_reason="outcome_unknown")
-        return row["status"]
+            raise await rejected(self.db, lease, step_key)
+        status: str = row["status"]
+        METRICS.ended([status], park_reason="outcome_unknown")
+        return status

@@ -1,19 +1,26 @@
-"""Claims and the end of leases: claim, renew, release, acknowledge, reap."""
+"""Leases: where one is taken (claim_due), renewed (renew), and ended
+(release, acknowledge, or the reaper's reap_expired; sweep_interrupted ends
+what nobody may run again). Where a lease is checked: every fenced write
+carries the token and checks it in its own statement (the fence, see
+app/store/fencing.py)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal, cast
 
 import asyncpg
 
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
-from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
+from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.handle import StoreObject
+from app.store.policy import CANCELLED_OUTCOME, SWEEP, TIMED_OUT_OUTCOME, settle
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
-    INTERRUPT_SQL,
     NOTIFY_CHANNEL,
     Acknowledged,
     Delivery,
@@ -34,14 +41,7 @@ _CLEANUP_DUE = """($3 = 'suspended'
     AND fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now())"""
 
 
-class LeaseStatements:
-    pool: asyncpg.Pool
-    redelivery_base: float
-    redelivery_cap: float
-    max_unacknowledged: int
-
-    # --------------------------------------------------------------------- leases
-
+class Leases(StoreObject):
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
         cleanup_seconds: list[float] | None = None,
@@ -65,7 +65,7 @@ class LeaseStatements:
         """
         if limit <= 0:
             return []
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             f"""
             WITH due AS (
                 SELECT execution_id, 'due'::text AS how, NULL::text AS old_owner,
@@ -154,13 +154,13 @@ class LeaseStatements:
             limit,
             float(duration),
             owner,
-            self.redelivery_base,
-            self.redelivery_cap,
+            self.config.redelivery_base,
+            self.config.redelivery_cap,
             workflow_ids,
-            self.max_unacknowledged,
+            self.config.max_unacknowledged,
             cleanup_seconds,
         )
-        METRICS.claimed(rows)
+        METRICS.claimed(cast("list[Mapping[str, Any]]", rows))  # rows read by key
         for r in rows:
             if r["how"] == "expired":
                 _log_takeover(r["execution_id"], r["old_owner"], r["token"] - 1, owner,
@@ -204,7 +204,7 @@ class LeaseStatements:
         the cleanup window)}. Such a lease is not extended past the window."""
         if not leases:
             return [], [], {}
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             WITH held AS (
                 SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
@@ -274,7 +274,7 @@ class LeaseStatements:
                 lost.append(lease)
         return renewed, lost, interrupts
 
-    async def release(self, lease: Lease, *, reason: dict | None = None) -> str | None:
+    async def release(self, lease: Lease, *, reason: dict[str, Any] | None = None) -> str | None:
         """End the lease without an outcome: an unacknowledged delivery. The
         covered wakes stay pending and the redelivery delay starts now; a
         pending cancel, a deadline the redelivery would pass, or the poison
@@ -282,7 +282,7 @@ class LeaseStatements:
         returned; None when it stays claimable). `reason` ({name, message},
         e.g. the workflow's `Retry("why")`) is kept on the `released` event
         and in the attempt history (the last 20 kept)."""
-        async def end(conn: asyncpg.Connection) -> None:
+        async def end(conn: asyncpg.Connection) -> dict[str, str]:
             row = await conn.fetchrow(
                 """
                 WITH r AS (
@@ -324,16 +324,20 @@ class LeaseStatements:
                 """,
                 lease.execution_id,
                 lease.token,
-                self.redelivery_base,
-                self.redelivery_cap,
+                self.config.redelivery_base,
+                self.config.redelivery_cap,
                 reason,
                 ATTEMPT_HISTORY,
             )
             if row is None:
                 raise LeaseLost(lease.execution_id, lease.token)
-            return await self._settle(conn, [lease.execution_id])
+            return await settle(conn, [lease.execution_id], self.config.max_unacknowledged)
 
-        settled = await self.pool.run_in_transaction(end)
+        try:
+            settled = await self.db.run_in_transaction(end)
+        except LeaseLost:
+            # Recorded after the rollback of the refused release.
+            raise await rejected(self.db, lease) from None
         METRICS.ended(settled.values())
         return settled.get(lease.execution_id)
 
@@ -343,9 +347,9 @@ class LeaseStatements:
         status: Literal["suspended", "completed", "failed", "cancelled", "timed_out"],
         *,
         result: Any = None,
-        error: dict | None = None,
+        error: dict[str, Any] | None = None,
         traceback: str | None = None,
-        waiting_on: dict | None = None,
+        waiting_on: dict[str, Any] | None = None,
     ) -> Acknowledged:
         """End the delivery with an outcome. Stale token → LeaseLost, nothing
         changes. Current token on a terminal record → the recorded outcome.
@@ -358,7 +362,7 @@ class LeaseStatements:
         that had not yet met the cancel or deadline: within the cleanup
         window it is made due at once, for the delivery that runs cleanup."""
         if status == "completed":
-            outcome: dict | None = {"result": result}
+            outcome: dict[str, Any] | None = {"result": result}
         elif status in ("failed", "cancelled", "timed_out"):
             outcome = {"error": error or {"name": "Error", "message": ""}}
         elif status == "suspended":
@@ -366,7 +370,7 @@ class LeaseStatements:
         else:
             raise ValueError(f"cannot acknowledge status {status!r}")
         try:
-            row = await self.pool.fetchrow(
+            row = await self.db.fetchrow(
                 f"""
                 WITH a AS (
                     -- The UPDATE locks the row, so the token check and the write
@@ -434,7 +438,7 @@ class LeaseStatements:
             if row["status"] in TERMINAL_STATUSES:
                 METRICS.end_to_end_seconds.labels(row["workflow_id"]).observe(float(row["age"]))
             return Acknowledged(row["status"], row["outcome"])
-        current = await self.pool.fetchrow(
+        current = await self.db.fetchrow(
             "SELECT token, status, outcome FROM executions WHERE execution_id = $1",
             lease.execution_id,
         )
@@ -444,7 +448,7 @@ class LeaseStatements:
             and current["status"] in TERMINAL_STATUSES
         ):
             return Acknowledged(current["status"], current["outcome"])
-        raise LeaseLost(lease.execution_id, lease.token)
+        raise await rejected(self.db, lease)
 
     # -------------------------------------------------------------------- reaper
 
@@ -452,7 +456,7 @@ class LeaseStatements:
         """End expired leases: status back to suspended/admitted, counter +1,
         covered wakes pending again, redelivery delay counted from the expiry;
         then, in the same transaction, cancel / time out / park as the rules say."""
-        async def reap(conn: asyncpg.Connection) -> list[str]:
+        async def reap(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], dict[str, str]]:
             rows = await conn.fetch(
                 """
                 WITH expired AS (
@@ -485,12 +489,13 @@ class LeaseStatements:
                 SELECT execution_id, token, old_owner, last_unacknowledged_at FROM r
                 """,
                 limit,
-                self.redelivery_base,
-                self.redelivery_cap,
+                self.config.redelivery_base,
+                self.config.redelivery_cap,
             )
-            return rows, await self._settle(conn, [r["execution_id"] for r in rows])
+            return rows, await settle(conn, [r["execution_id"] for r in rows],
+                                      self.config.max_unacknowledged)
 
-        rows, settled = await self.pool.run_in_transaction(reap)
+        rows, settled = await self.db.run_in_transaction(reap)
         METRICS.lease_takeovers.labels("reaper").inc(len(rows))
         METRICS.ended(settled.values())
         for r in rows:
@@ -499,9 +504,16 @@ class LeaseStatements:
         ids = [r["execution_id"] for r in rows]
         return ReapResult(len(ids), ids)
 
+    async def sweep_interrupted(self, limit: int = 500) -> list[str]:
+        """End unheld executions that were cancelled or passed their deadline
+        and can run no cleanup (policy.SWEPT): `cancelled` or `timed_out`."""
+        rows = await self.db.fetch(SWEEP, limit)
+        METRICS.ended(r["status"] for r in rows)
+        return [r["execution_id"] for r in rows]
+
 
 def _log_takeover(execution_id: str, old_owner: str | None, token: int, new_owner: str | None,
-                  expired_at, settled: str | None = None) -> None:
+                  expired_at: datetime | None, settled: str | None = None) -> None:
     """One line per expired lease ended, by whichever claim or reaper ended it."""
     by = f"taken over by {new_owner}" if new_owner else "ended by the reaper"
     log.warning("lease of %s (token %d, owner %s) expired at %s; %s%s", execution_id, token,

@@ -12,10 +12,9 @@ no cleanup: never ran, parked, or their cleanup window closed unclaimed.
 
 from __future__ import annotations
 
-import asyncpg
-
-from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
+from app.store.handle import Handle
+from app.store.retry import Connection
 from app.store.types import NOTIFY_CHANNEL
 
 # Outcomes of the terminal ends no workflow code chose.
@@ -28,31 +27,41 @@ TIMED_OUT_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
     'message', 'the execution''s deadline passed before it finished',
     'deadline', e.deadline))"""
 
-# A redelivery that would begin after the deadline is not scheduled.
-# (coalesce: no deadline is never past it, and NOT NULL would be NULL.)
-_PAST_DEADLINE = "coalesce(e.deadline <= greatest(now(), coalesce(e.redeliver_after, now())), false)"
+
+def settled_end(redeliver_after: str, unacknowledged: str, threshold: str) -> str:
+    """THE rule for a lease that ended without an acknowledgement, over a row
+    aliased `e` (`redeliver_after`, `unacknowledged`: its values once the
+    lease has ended; `threshold`: the poison threshold): 'cancelled' when a
+    cancel was requested; 'timed_out' when the deadline has passed or would
+    pass before the redelivery may begin; 'parked' when the unacknowledged
+    deliveries reached the threshold; NULL: claimable again. `settle` writes
+    it; a read predicts it for a lease that expired (types.record_columns)."""
+    # coalesce: no deadline is never past it (and NOT NULL would be NULL).
+    past_deadline = (f"coalesce(e.deadline <= greatest(now(), coalesce({redeliver_after}, now())),"
+                     " false)")
+    return f"""(CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN {past_deadline} THEN 'timed_out'
+                WHEN {unacknowledged} >= {threshold} THEN 'parked' END)"""
+
+
+_END = settled_end("e.redeliver_after", "e.unacknowledged_deliveries", "$2")
 
 _SETTLE = f"""
 WITH target AS (
     SELECT execution_id FROM executions e
     WHERE e.execution_id = ANY($1::text[]) AND e.status IN ('admitted', 'suspended')
-      AND (e.cancel_requested_at IS NOT NULL OR {_PAST_DEADLINE}
-           OR e.unacknowledged_deliveries >= $2)
+      AND {_END} IS NOT NULL
     FOR UPDATE
 ), s AS (
     UPDATE executions e
-    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                      WHEN {_PAST_DEADLINE} THEN 'timed_out'
-                      ELSE 'parked' END,
-        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
-                       WHEN {_PAST_DEADLINE} THEN {TIMED_OUT_OUTCOME} END,
-        parked_reason = CASE WHEN e.cancel_requested_at IS NULL AND NOT ({_PAST_DEADLINE})
-                             THEN 'poison' END,
+    SET status = {_END},
+        outcome = CASE {_END} WHEN 'cancelled' THEN {CANCELLED_OUTCOME}
+                              WHEN 'timed_out' THEN {TIMED_OUT_OUTCOME} END,
+        parked_reason = CASE WHEN {_END} = 'parked' THEN 'poison' END,
         parked_step = NULL,
         -- A parked execution keeps its pending wakes for when it is resumed;
         -- a terminal one has none.
-        due_at = CASE WHEN e.cancel_requested_at IS NULL AND NOT ({_PAST_DEADLINE})
-                      THEN e.due_at END,
+        due_at = CASE WHEN {_END} = 'parked' THEN e.due_at END,
         redeliver_after = NULL,
         updated_at = now()
     FROM target t
@@ -92,8 +101,12 @@ SWEPT = """(e.status IN ('admitted', 'suspended', 'parked')
     AND (e.token = 0 OR e.status = 'parked'
          OR fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds)
             <= now()))"""
+# What the sweep writes over a row aliased `e`: 'cancelled' | 'timed_out', or
+# NULL when the row is not SWEPT. A read predicts it (types.record_columns).
+SWEPT_END = f"""(CASE WHEN coalesce({SWEPT}, false) THEN
+    CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'timed_out' END END)"""
 
-_SWEEP = f"""
+SWEEP = f"""
 WITH target AS (
     SELECT execution_id FROM executions e
     WHERE {SWEPT}
@@ -101,7 +114,7 @@ WITH target AS (
     FOR UPDATE SKIP LOCKED
 ), s AS (
     UPDATE executions e
-    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'timed_out' END,
+    SET status = {SWEPT_END},
         outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
                        ELSE {TIMED_OUT_OUTCOME} END,
         due_at = NULL, redeliver_after = NULL, parked_reason = NULL, parked_step = NULL,
@@ -120,64 +133,11 @@ FROM s
 """
 
 
-class PolicyStatements:
-    pool: asyncpg.Pool
-    max_unacknowledged: int
-
-    async def _settle(self, conn: asyncpg.Connection, execution_ids: list[str]) -> dict[str, str]:
-        """Apply cancel / deadline / poison to just-ended leases, in the
-        caller's transaction. Returns {execution_id: new status} for those
-        that changed."""
-        if not execution_ids:
-            return {}
-        rows = await conn.fetch(_SETTLE, execution_ids, self.max_unacknowledged)
-        return {r["execution_id"]: r["status"] for r in rows}
-
-    async def sweep_interrupted(self, limit: int = 500) -> list[str]:
-        """End unheld executions that were cancelled or passed their deadline
-        and can run no cleanup (SWEPT): `cancelled` or `timed_out`."""
-        rows = await self.pool.fetch(_SWEEP, limit)
-        METRICS.ended(r["status"] for r in rows)
-        return [r["execution_id"] for r in rows]
-
-    async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:
-        """Delete up to `limit` terminal executions last updated more than
-        `older_than_seconds` ago, with everything that hangs off them
-        (steps, signals and effects go by ON DELETE CASCADE), and leave a
-        tombstone (ID, last token, workflow) for each in the same statement:
-        the ID stays taken for good (admission refuses it) and its fencing
-        token never restarts."""
-        return await self.pool.fetchval(
-            """
-            WITH doomed AS (
-                SELECT execution_id FROM executions
-                WHERE status IN ('completed', 'failed', 'cancelled', 'timed_out')
-                  AND updated_at < now() - make_interval(secs => $1)
-                ORDER BY updated_at
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED
-            ), ev AS (
-                DELETE FROM execution_events WHERE execution_id IN (SELECT execution_id FROM doomed)
-            ), lo AS (
-                DELETE FROM late_observations
-                WHERE execution_id IN (SELECT execution_id FROM doomed)
-            ), d AS (
-                -- Re-checked on the locked row: only terminal records go.
-                DELETE FROM executions
-                WHERE execution_id IN (SELECT execution_id FROM doomed)
-                  AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
-                RETURNING execution_id, token, workflow_id
-            ), tomb AS (
-                -- Every deleted row leaves its tombstone, or the delete does not commit.
-                INSERT INTO retired_executions (execution_id, last_token, workflow_id)
-                SELECT execution_id, token, workflow_id FROM d
-                ON CONFLICT (execution_id) DO UPDATE
-                SET last_token = greatest(retired_executions.last_token, EXCLUDED.last_token),
-                    workflow_id = EXCLUDED.workflow_id, retired_at = now()
-                RETURNING 1
-            )
-            SELECT count(*) FROM tomb
-            """,
-            float(older_than_seconds),
-            limit,
-        )
+async def settle(db: Handle | Connection, execution_ids: list[str], threshold: int) -> dict[str, str]:
+    """Apply cancel / deadline / poison (`threshold` unacknowledged deliveries
+    in a row) to just-ended leases, in the caller's transaction. Returns
+    {execution_id: new status} for those that changed."""
+    if not execution_ids:
+        return {}
+    rows = await db.fetch(_SETTLE, execution_ids, threshold)
+    return {r["execution_id"]: r["status"] for r in rows}

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import asyncpg
 
-from app.store.types import NOTIFY_CHANNEL, InvalidEvent
+from app.store.handle import StoreObject
+from app.store.types import NOTIFY_CHANNEL, Conflict, InvalidEvent
 
 RedriveAnswer = Literal["redriven", "not_found", "not_ended", "completed", "step_not_found"]
 ForkAnswer = Literal["forked", "not_found", "step_not_found", "conflict"]
@@ -38,9 +39,7 @@ class Forked:
     copied: list[str]  # step keys copied, in recorded order
 
 
-class RedriveStatements:
-    pool: Any
-
+class Redrives(StoreObject):
     async def redrive(self, execution_id: str, by: str, *, from_step: str | None = None,
                       deadline: datetime | None = None, timeout_seconds: float | None = None,
                       reason: str | None = None, owner: str | None = None,
@@ -57,12 +56,13 @@ class RedriveStatements:
         is pending again. The new deadline is `deadline`, now +
         `timeout_seconds`, or none. `owner` (a trigger token): only its own.
         Returns (answer, Redriven | the status that refused | None)."""
-        return await self.pool.run_in_transaction(lambda conn: self._redrive(
+        return await self.db.run_in_transaction(lambda conn: self._redrive(
             conn, execution_id, by, from_step, deadline, timeout_seconds, reason, owner))
 
     async def _redrive(self, conn: asyncpg.Connection, execution_id: str, by: str,
                        from_step: str | None, deadline: datetime | None,
-                       timeout_seconds: float | None, reason: str | None, owner: str | None):
+                       timeout_seconds: float | None, reason: str | None, owner: str | None,
+                       ) -> tuple[RedriveAnswer, Redriven | str | None]:
         row = await conn.fetchrow(
             "SELECT status, cancel_requested_at, deadline FROM executions "
             "WHERE execution_id = $1 AND ($2::text IS NULL OR admitted_by = $2) FOR UPDATE",
@@ -145,12 +145,13 @@ class RedriveStatements:
             execution_id, from_step, by, deadline, timeout_seconds, reason, status,
             row["cancel_requested_at"], row["deadline"],
         )
+        assert answer is not None  # the statement always returns its row
         return "redriven", Redriven(answer["status"], answer["redrives"], list(answer["keys"]))
 
     async def fork(self, execution_id: str, by: str, *, from_step: str,
                    new_id: str, params: Any = None, timeout_seconds: float | None = None,
                    owner: str | None = None, admitted_by: str | None = None,
-                   ) -> tuple[ForkAnswer, Forked | dict | None]:
+                   ) -> tuple[ForkAnswer, Forked | Conflict | None]:
         """Admit `new_id`, a new execution of the source's workflow (its params
         unless `params` is given; its context and code version), with copies
         of the steps the source recorded before `from_step` (values, errors,
@@ -158,9 +159,9 @@ class RedriveStatements:
         new ID, with a deadline `timeout_seconds` from now (None: none). The
         new record names its source (`forked_from`); the source gets a
         `forked` event naming the fork. `owner` (a trigger token): only its
-        own source. Returns (answer, Forked | the holder of a taken ID | None)."""
+        own source. Returns (answer, Forked | the Conflict of a taken ID | None)."""
         try:
-            return await self.pool.run_in_transaction(lambda conn: self._fork(
+            return await self.db.run_in_transaction(lambda conn: self._fork(
                 conn, execution_id, by, from_step, new_id, params, timeout_seconds, owner,
                 admitted_by))
         except (ValueError, TypeError, asyncpg.DataError) as exc:
@@ -168,7 +169,7 @@ class RedriveStatements:
 
     async def _fork(self, conn: asyncpg.Connection, execution_id: str, by: str, from_step: str,
                     new_id: str, params: Any, timeout_seconds: float | None, owner: str | None,
-                    admitted_by: str | None):
+                    admitted_by: str | None) -> tuple[ForkAnswer, Forked | Conflict | None]:
         source = await conn.fetchrow(
             "SELECT workflow_id FROM executions "
             "WHERE execution_id = $1 AND ($2::text IS NULL OR admitted_by = $2) FOR SHARE",
@@ -240,7 +241,7 @@ class RedriveStatements:
         if row is None:
             holder = await conn.fetchrow(
                 "SELECT status, workflow_id FROM executions WHERE execution_id = $1", new_id)
-            if holder is None:
-                return "conflict", {"status": "retired", "workflowId": None}
-            return "conflict", {"status": holder["status"], "workflowId": holder["workflow_id"]}
+            if holder is None:  # retired by retention: taken for good
+                return "conflict", Conflict(new_id, "retired", None)
+            return "conflict", Conflict(new_id, holder["status"], holder["workflow_id"])
         return "forked", Forked(row["execution_id"], row["status"], list(row["keys"]))

@@ -24,11 +24,12 @@ worker treats it as the database failing, never as an outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar, cast
 
 import asyncpg
 
@@ -37,6 +38,9 @@ from app.dberrors import is_retryable_conflict, sqlstate_of
 log = logging.getLogger("fencepost.store")
 
 T = TypeVar("T")
+# A connection as the store uses it (a pool's connection is a proxy of one).
+Connection = asyncpg.Connection
+Isolation = Literal["read_committed", "read_uncommitted", "serializable", "repeatable_read"]
 
 # 4 attempts, backoffs drawn from [0, 10 ms], [0, 20 ms], [0, 40 ms]: a
 # conflict that persists for ~70 ms is no longer a race but a hot spot.
@@ -97,27 +101,28 @@ class RetryingPool:
     async def execute(self, query: str, *args: Any, **kw: Any) -> str:
         return await self._retrying("statement", lambda: self._pool.execute(query, *args, **kw))
 
-    async def executemany(self, command: str, args, **kw: Any) -> None:
+    async def executemany(self, command: str, args: Iterable[Sequence[Any]], **kw: Any) -> None:
         # One transaction for all the rows: retried as a whole.
         return await self._retrying(
             "statement", lambda: self._pool.executemany(command, args, **kw))
 
-    async def fetch(self, query: str, *args: Any, **kw: Any) -> list:
+    async def fetch(self, query: str, *args: Any, **kw: Any) -> list[asyncpg.Record]:
         return await self._retrying("statement", lambda: self._pool.fetch(query, *args, **kw))
 
-    async def fetchrow(self, query: str, *args: Any, **kw: Any):
+    async def fetchrow(self, query: str, *args: Any, **kw: Any) -> asyncpg.Record | None:
         return await self._retrying("statement", lambda: self._pool.fetchrow(query, *args, **kw))
 
-    async def fetchval(self, query: str, *args: Any, **kw: Any):
+    async def fetchval(self, query: str, *args: Any, **kw: Any) -> Any:
         return await self._retrying("statement", lambda: self._pool.fetchval(query, *args, **kw))
 
-    async def run_in_transaction(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *,
-                                 isolation: str | None = None) -> T:
+    async def run_in_transaction(self, fn: Callable[[Connection], Awaitable[T]], *,
+                                 isolation: Isolation | None = None) -> T:
         """`await fn(conn)` inside one transaction on one connection; the whole
         transaction is run again (on a fresh transaction) after 40001/40P01."""
 
         async def once() -> T:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire() as proxy:
+                conn = cast(Connection, proxy)
                 if isolation is None:
                     async with conn.transaction():
                         return await fn(conn)
@@ -125,6 +130,20 @@ class RetryingPool:
                     return await fn(conn)
 
         return await self._retrying(getattr(fn, "__qualname__", "transaction"), once)
+
+
+    @contextlib.asynccontextmanager
+    async def connection(self, *, reset: bool = False) -> AsyncIterator[Connection]:
+        """A connection of the pool for a unit of work of the caller's own
+        (nothing retried); `reset`: its session state is reset before it
+        goes back to the pool (the work may have run code that changed it)."""
+        async with self._pool.acquire() as proxy:
+            conn = cast(Connection, proxy)
+            try:
+                yield conn
+            finally:
+                if reset and not conn.is_closed():
+                    await conn.reset()
 
 
 def retrying(pool: asyncpg.Pool | RetryingPool) -> RetryingPool:

@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from app.store.handle import StoreObject
 from app.store.types import InvalidEvent
 
 _COLUMNS = """schedule_id, workflow_id, cron, timezone, params, paused, catch_up, source,
@@ -35,7 +36,7 @@ class ScheduleTurn:
     the database time the evaluation runs up to."""
 
     conn: asyncpg.Connection
-    schedule: dict
+    schedule: dict[str, Any]
     now: datetime
 
     async def finish(self, until: datetime, *, skipped: int = 0,
@@ -63,9 +64,7 @@ class ScheduleTurn:
         )
 
 
-class ScheduleStatements:
-    pool: asyncpg.Pool
-
+class Schedules(StoreObject):
     async def create_schedule(
         self,
         *,
@@ -76,11 +75,11 @@ class ScheduleStatements:
         params: Any,
         catch_up: int | None = None,
         by: str | None = None,
-    ) -> tuple[bool, dict]:
+    ) -> tuple[bool, dict[str, Any]]:
         """(True, the new schedule) or (False, the schedule that already holds
         the ID; nothing changed). Slots after creation time fire."""
         try:
-            row = await self.pool.fetchrow(
+            row = await self.db.fetchrow(
                 f"""
                 WITH ins AS (
                     INSERT INTO schedules (schedule_id, workflow_id, cron, timezone, params,
@@ -113,11 +112,11 @@ class ScheduleStatements:
 
     async def upsert_code_schedule(
         self, *, schedule_id: str, workflow_id: str, cron: str, timezone: str, params: Any
-    ) -> dict:
+    ) -> dict[str, Any] | None:
         """Create or update a schedule declared in workflow code. An existing
         schedule keeps `paused`, `catch_up` and `last_slot` (so a restart
         neither refires nor forgets slots); code owns the definition."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             INSERT INTO schedules (schedule_id, workflow_id, cron, timezone, params, source)
             VALUES ($1, $2, $3, $4, $5, 'code')
@@ -133,12 +132,14 @@ class ScheduleStatements:
             """,
             schedule_id, workflow_id, cron, timezone, params,
         )
+        # Unchanged (the upsert's WHERE found nothing to change): as stored
+        # (None only if deleted meanwhile).
         return dict(row) if row is not None else await self.get_schedule(schedule_id)
 
     async def drop_code_schedules(self, workflow_ids: list[str]) -> list[str]:
         """Delete the code-defined schedules of these workflows (their code no
         longer declares one), with their events; returns the IDs deleted."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             WITH d AS (
                 DELETE FROM schedules
@@ -156,9 +157,9 @@ class ScheduleStatements:
         )
         return [r["schedule_id"] for r in rows]
 
-    async def get_schedule(self, schedule_id: str) -> dict | None:
+    async def get_schedule(self, schedule_id: str) -> dict[str, Any] | None:
         """The schedule, with the database's `now` (to say when it fires next)."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"SELECT {_COLUMNS}, now() AS db_now FROM schedules WHERE schedule_id = $1",
             schedule_id,
         )
@@ -166,9 +167,9 @@ class ScheduleStatements:
 
     async def list_schedules(
         self, *, workflow_id: str | None = None, after: str | None = None, limit: int = 100
-    ) -> tuple[list[dict], str | None]:
+    ) -> tuple[list[dict[str, Any]], str | None]:
         """Ordered by schedule ID; `after` is the last ID of the previous page."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             f"""
             SELECT {_COLUMNS}, now() AS db_now FROM schedules
             WHERE ($1::text IS NULL OR workflow_id = $1)
@@ -182,11 +183,11 @@ class ScheduleStatements:
         return page, (page[-1]["schedule_id"] if len(rows) > limit else None)
 
     async def set_schedule_paused(self, schedule_id: str, paused: bool,
-                                  by: str | None = None) -> dict | None:
+                                  by: str | None = None) -> dict[str, Any] | None:
         """Pause or resume; None if there is no such schedule. Resuming moves
         last_slot to now: slots that passed while paused do not fire. Setting
         the state it already has changes nothing and records nothing."""
-        await self.pool.execute(
+        await self.db.execute(
             """
             WITH upd AS (
                 UPDATE schedules
@@ -207,7 +208,7 @@ class ScheduleStatements:
 
     async def delete_schedule(self, schedule_id: str) -> bool:
         """Delete a schedule and its events. Executions it admitted stay."""
-        deleted = await self.pool.fetchval(
+        deleted = await self.db.fetchval(
             """
             WITH d AS (
                 DELETE FROM schedules WHERE schedule_id = $1 RETURNING schedule_id
@@ -222,9 +223,9 @@ class ScheduleStatements:
         )
         return bool(deleted)
 
-    async def schedule_events(self, schedule_id: str, limit: int = 100) -> list[dict]:
+    async def schedule_events(self, schedule_id: str, limit: int = 100) -> list[dict[str, Any]]:
         """The newest `limit` events of a schedule, oldest first."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             SELECT * FROM (
                 SELECT event_id, at, kind, detail FROM schedule_events
@@ -235,11 +236,11 @@ class ScheduleStatements:
         )
         return [dict(r) for r in rows]
 
-    async def schedule_history(self, schedule_id: str, limit: int = 100) -> list[dict] | None:
+    async def schedule_history(self, schedule_id: str, limit: int = 100) -> list[dict[str, Any]] | None:
         """The newest `limit` events of a schedule, oldest first; None when
         there is no such schedule (one statement: a schedule deleted while
         the request runs is not answered with an empty history)."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             SELECT ev.event_id, ev.at, ev.kind, ev.detail
             FROM (SELECT schedule_id FROM schedules WHERE schedule_id = $1) s
@@ -258,10 +259,10 @@ class ScheduleStatements:
 
     # ------------------------------------------------------------- evaluation
 
-    async def due_schedules(self, workflow_ids: list[str]) -> list[dict]:
+    async def due_schedules(self, workflow_ids: list[str]) -> list[dict[str, Any]]:
         """Unpaused schedules of these workflows, with the database's `now`
         (candidates: `schedule_turn` re-reads each under its lock)."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             f"""
             SELECT {_COLUMNS}, now() AS db_now FROM schedules
             WHERE NOT paused AND workflow_id = ANY($1::text[]) AND last_slot < now()
@@ -276,7 +277,7 @@ class ScheduleStatements:
         """Lock an unpaused schedule for evaluation, or yield None when it is
         paused, gone, or being evaluated by another worker right now. The turn
         commits when the block ends normally and rolls back on an exception."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.db.connection() as conn, conn.transaction():
             row = await conn.fetchrow(
                 f"""
                 SELECT {_COLUMNS}, now() AS db_now FROM schedules
@@ -293,7 +294,7 @@ class ScheduleStatements:
 
     async def record_schedule_fired(self, schedule_id: str, execution_id: str,
                                     slot: datetime) -> None:
-        await self.pool.execute(
+        await self.db.execute(
             """
             INSERT INTO schedule_events (schedule_id, kind, detail)
             VALUES ($1, 'schedule_fired', jsonb_build_object('executionId', $2::text,
@@ -307,7 +308,7 @@ class ScheduleStatements:
         """Delete the events of these workflows' schedules older than the
         retention age (schedule events belong to no execution, so the
         execution pruner never reaches them)."""
-        return await self.pool.fetchval(
+        return int(await self.db.fetchval(
             """
             WITH d AS (
                 DELETE FROM schedule_events
@@ -319,4 +320,4 @@ class ScheduleStatements:
             SELECT count(*) FROM d
             """,
             list(workflow_ids), float(older_than_seconds),
-        )
+        ))

@@ -5,19 +5,19 @@ its token is not revoked, all checked in the one statement that reads it."""
 
 from __future__ import annotations
 
-import asyncpg
+from typing import Any
+
+from app.store.handle import StoreObject
 
 
-class SessionStatements:
-    pool: asyncpg.Pool
-
+class Sessions(StoreObject):
     async def create_ui_session(self, session_sha256: str, token_id: str,
                                 lifetime_seconds: float) -> bool:
         """Open a session for a token that is not revoked; the same statement
         clears sessions that can no longer be used (ended or expired), so the
         table holds only live ones plus those ended since the last sign-in.
         False: the token was revoked meanwhile (no session)."""
-        status = await self.pool.execute(
+        status = await self.db.execute(
             """
             WITH cleared AS (
                 DELETE FROM ui_sessions WHERE ended_at IS NOT NULL OR expires_at <= now()
@@ -30,12 +30,12 @@ class SessionStatements:
         )
         return status == "INSERT 0 1"
 
-    async def find_ui_session(self, session_sha256: str) -> tuple[str, dict | None]:
+    async def find_ui_session(self, session_sha256: str) -> tuple[str, dict[str, Any] | None]:
         """("valid", the token's row) or ("ended" | "expired" | "revoked" |
         "unknown", None). Whether the session is usable is decided here, in
         one statement with its token's revocation: revoking a token ends its
         sessions at once, with no cache in between."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             """
             SELECT s.ended_at IS NOT NULL AS ended, s.expires_at <= now() AS expired,
                    t.revoked_at IS NOT NULL AS revoked, t.token_id, t.name, t.role
@@ -53,7 +53,7 @@ class SessionStatements:
 
     async def end_ui_session(self, session_sha256: str) -> bool:
         """Sign-out: the session ends now (a copy of the cookie opens nothing)."""
-        ended = await self.pool.fetchval(
+        ended = await self.db.fetchval(
             "UPDATE ui_sessions SET ended_at = now() "
             "WHERE session_sha256 = $1 AND ended_at IS NULL RETURNING true",
             session_sha256,

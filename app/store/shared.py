@@ -6,21 +6,34 @@ A deliberate change goes through `fencepost settings set`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-import asyncpg
+from app.store.handle import StoreObject
 
 
-class SharedSettingsStatements:
-    pool: asyncpg.Pool
+@dataclass(frozen=True)
+class StoredSetting:
+    value: Any
+    updated_at: datetime
 
-    async def store_shared_settings(self, values: dict[str, Any]) -> dict[str, dict]:
+
+@dataclass(frozen=True)
+class SettingChange:
+    value: Any
+    updated_at: datetime
+    previous: Any  # None: nothing was stored before
+
+
+class SharedSettings(StoreObject):
+    async def store_shared_settings(self, values: dict[str, Any]) -> dict[str, StoredSetting]:
         """Store each of `values` not stored yet and return what is stored for
-        each name: {name: {"value": v, "updatedAt": t}}. The first writer wins:
+        each name. The first writer wins:
         an existing value is never overwritten here, so two processes started
         at once with different values cannot both win."""
         for _ in range(3):
-            rows = await self.pool.fetch(
+            rows = await self.db.fetch(
                 """
                 WITH given AS (
                     SELECT key AS name, value FROM jsonb_each($1::jsonb)
@@ -40,23 +53,22 @@ class SharedSettingsStatements:
                 """,
                 values,
             )
-            stored = {r["name"]: {"value": r["value"], "updatedAt": r["updated_at"]}
-                      for r in rows}
+            stored = {r["name"]: StoredSetting(r["value"], r["updated_at"]) for r in rows}
             # A row another process inserted after this statement's snapshot
             # was neither inserted nor seen: the next statement sees it.
             if set(stored) >= set(values):
                 return stored
         raise RuntimeError("shared settings: stored rows neither inserted nor visible, 3 times")
 
-    async def shared_settings(self) -> dict[str, dict]:
-        """Every stored shared setting: {name: {"value": v, "updatedAt": t}}."""
-        rows = await self.pool.fetch("SELECT name, value, updated_at FROM shared_settings")
-        return {r["name"]: {"value": r["value"], "updatedAt": r["updated_at"]} for r in rows}
+    async def shared_settings(self) -> dict[str, StoredSetting]:
+        """Every stored shared setting, by name."""
+        rows = await self.db.fetch("SELECT name, value, updated_at FROM shared_settings")
+        return {r["name"]: StoredSetting(r["value"], r["updated_at"]) for r in rows}
 
-    async def set_shared_setting(self, name: str, value: Any) -> dict:
+    async def set_shared_setting(self, name: str, value: Any) -> SettingChange:
         """Store `value` for `name` whatever was stored (the operator's
-        deliberate change); returns {"value", "updatedAt", "previous"}."""
-        row = await self.pool.fetchrow(
+        deliberate change)."""
+        row = await self.db.fetchrow(
             """
             WITH old AS (SELECT value FROM shared_settings WHERE name = $1),
             up AS (
@@ -68,4 +80,5 @@ class SharedSettingsStatements:
             """,
             name, value,
         )
-        return {"value": row["value"], "updatedAt": row["updated_at"], "previous": row["previous"]}
+        assert row is not None  # the upsert always returns its row
+        return SettingChange(row["value"], row["updated_at"], row["previous"])

@@ -9,15 +9,15 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES as TERMINAL
+from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.handle import StoreObject
 from app.store.types import (
-    _TERMINAL_SQL,
-    INTERRUPT_SQL,
     NOTIFY_CHANNEL,
+    TERMINAL_SQL,
     InvalidEvent,
     Lease,
-    LeaseLost,
     StepRecord,
-    _step,
+    step_record,
 )
 
 SignalAnswer = Literal["received", "not_found", "terminal", "forbidden", "too_many"]
@@ -41,9 +41,7 @@ def signal_function_name(name: str, with_sender: bool) -> str:
     return f"signal-with-sender:{name}" if with_sender else f"signal:{name}"
 
 
-class SignalStatements:
-    pool: asyncpg.Pool
-
+class Signals(StoreObject):
     async def send_signal(
         self, execution_id: str, name: str, payload: Any, *,
         sender: SignalSender | None = None, owner: str | None = None,
@@ -58,7 +56,7 @@ class SignalStatements:
         ("forbidden", workflow_id) or ("too_many", pending count)."""
         denied = list(denied_workflows)
 
-        async def send(conn: asyncpg.Connection):
+        async def send(conn: asyncpg.Connection) -> asyncpg.Record | None:
             target = await self._lock_signal_target(conn, execution_id, owner, denied)
             if target is None:
                 return None
@@ -66,7 +64,7 @@ class SignalStatements:
                                             max_pending)
 
         try:
-            row = await self.pool.run_in_transaction(send)
+            row = await self.db.run_in_transaction(send)
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(str(exc)) from exc
         if row is not None and row["signal_id"] is not None:
@@ -76,7 +74,7 @@ class SignalStatements:
         return await self._why_no_signal(execution_id, owner, denied)
 
     async def _lock_signal_target(self, conn: asyncpg.Connection, execution_id: str,
-                                  owner: str | None, denied: list[str]):
+                                  owner: str | None, denied: list[str]) -> asyncpg.Record | None:
         """The target row, locked FOR NO KEY UPDATE (the lock the wake's UPDATE
         takes, so concurrent senders queue on the row instead of upgrading
         shared locks into a deadlock), or None. The owner predicate and the
@@ -88,7 +86,7 @@ class SignalStatements:
         return await conn.fetchrow(
             f"""
             SELECT execution_id FROM executions
-            WHERE execution_id = $1 AND status NOT IN {_TERMINAL_SQL}
+            WHERE execution_id = $1 AND status NOT IN {TERMINAL_SQL}
               AND ($2::text IS NULL OR admitted_by = $2)
               AND workflow_id <> ALL($3::text[])
             FOR NO KEY UPDATE
@@ -99,7 +97,8 @@ class SignalStatements:
         )
 
     async def _store_signal(self, conn: asyncpg.Connection, execution_id: str, name: str,
-                            payload: Any, sender: SignalSender | None, max_pending: int | None):
+                            payload: Any, sender: SignalSender | None,
+                            max_pending: int | None) -> asyncpg.Record | None:
         """Under the target's row lock: store the signal with its sender, its
         event, and the wake, in one statement, unless `max_pending` unconsumed
         signals are already stored (then nothing). The count runs in this
@@ -148,7 +147,7 @@ class SignalStatements:
         """Why the locking read found no target (nothing was written): a
         missing or (for `owner`) foreign execution is not_found alike; then
         terminal; then a sender the workflow refuses."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             "SELECT status, admitted_by, workflow_id FROM executions WHERE execution_id = $1",
             execution_id,
         )
@@ -170,7 +169,7 @@ class SignalStatements:
         the workflow was handed is what is recorded, so replays agree. Returns
         the step (already recorded: the recorded one), or None when no such
         signal is pending."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             WITH fence AS (
                 SELECT execution_id, {INTERRUPT_SQL} FROM executions
@@ -223,13 +222,13 @@ class SignalStatements:
             with_sender,
             signal_function_name(name, with_sender),
         )
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
         if row["step_key"] is not None:
-            return _step(row, row["interrupt"])
+            return step_record(row, row["interrupt"])
         if row["already"]:
-            existing = await self.pool.fetchrow(
+            existing = await self.db.fetchrow(
                 """
                 SELECT step_key, status, value, error, function_name, attempts, token,
                        recorded_at
@@ -238,5 +237,6 @@ class SignalStatements:
                 lease.execution_id,
                 step_key,
             )
-            return _step(existing, row["interrupt"])
+            assert existing is not None  # recorded: the insert above met it
+            return step_record(existing, row["interrupt"])
         return None

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
+from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.handle import StoreObject
 from app.store.types import (
-    INTERRUPT_SQL,
     InvalidEvent,
     Lease,
-    LeaseLost,
     StepRecord,
-    _step,
+    step_record,
 )
 
 # The observation, its comparison with the record, and (on a difference) the
@@ -70,20 +70,14 @@ SELECT conflict FROM obs
 ATTEMPT_HISTORY = 20
 
 
-class StepStatements:
-    pool: asyncpg.Pool
-    redelivery_base: float
-    redelivery_cap: float
-
-    # ---------------------------------------------------------------------- steps
-
+class Steps(StoreObject):
     async def write_step(
         self,
         lease: Lease,
         step_key: str,
         *,
         value: Any = None,
-        error: dict | None = None,
+        error: dict[str, Any] | None = None,
         function_name: str | None = None,
         attempts: int = 1,
     ) -> StepRecord:
@@ -98,7 +92,7 @@ class StepStatements:
         """
         status = "failed" if error is not None else "completed"
         try:
-            row = await self.pool.fetchrow(
+            row = await self.db.fetchrow(
                 f"""
                 WITH fence AS (
                     SELECT execution_id, {INTERRUPT_SQL} FROM executions
@@ -132,14 +126,14 @@ class StepStatements:
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
         if row["step_key"] is not None:
-            return _step(row, row["interrupt"])
+            return step_record(row, row["interrupt"])
         # Already recorded (by this holder or an earlier one): the recorded
         # value stands and is returned unchanged.
-        existing = await self.pool.fetchrow(
+        existing = await self.db.fetchrow(
             """
             SELECT step_key, status, value, error, function_name, attempts, token, recorded_at
             FROM execution_steps WHERE execution_id = $1 AND step_key = $2
@@ -147,7 +141,8 @@ class StepStatements:
             lease.execution_id,
             step_key,
         )
-        return _step(existing, row["interrupt"])
+        assert existing is not None  # recorded: the insert above met it
+        return step_record(existing, row["interrupt"])
 
     async def record_late_observation(
         self,
@@ -155,7 +150,7 @@ class StepStatements:
         step_key: str | None,
         *,
         value: Any = None,
-        error: dict | None = None,
+        error: dict[str, Any] | None = None,
         observed: bool | None = None,
     ) -> bool | None:
         """Evidence from a stale holder: appended, never applied to state, and
@@ -182,13 +177,13 @@ class StepStatements:
         if observed is None:
             observed = value is not None or error is not None
         try:
-            return await self.pool.fetchval(
+            return cast("bool | None", await self.db.fetchval(
                 _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
                 value, error, observed,
-            )
+            ))
         except (ValueError, TypeError, asyncpg.DataError):
             # Not storable, so not comparable either: kept as evidence of that.
-            await self.pool.execute(
+            await self.db.execute(
                 _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
                 None, {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
                 False,
@@ -207,7 +202,7 @@ class StepStatements:
         computed from the database clock (`now() + delay`) or given (`until`).
         An already-recorded timer keeps its time. Returns (wake_at, db_now,
         interrupt)."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             f"""
             WITH fence AS (
                 -- Same lock as write_step: no claim between check and insert.
@@ -242,25 +237,26 @@ class StepStatements:
             float(delay_seconds or 0.0),
             until,
         )
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
         if row["value"] is None:  # recorded concurrently after this snapshot
-            existing = await self.pool.fetchval(
+            existing = await self.db.fetchval(
                 "SELECT value FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
                 lease.execution_id,
                 step_key,
             )
+            assert existing is not None  # recorded: the insert above met it
             return datetime.fromisoformat(existing), row["db_now"], row["interrupt"]
         return datetime.fromisoformat(row["value"]), row["db_now"], row["interrupt"]
 
     async def record_attempt(self, lease: Lease, step_key: str, attempt: int,
-                             error: dict) -> None:
+                             error: dict[str, Any]) -> None:
         """Keep one failed attempt of a step (fenced, like the step write),
         with an `attempt_failed` event; the step's history is trimmed to its
         last ATTEMPT_HISTORY attempts in the same statement."""
         try:
-            row = await self.pool.fetchrow(
+            row = await self.db.fetchrow(
                 """
                 WITH fence AS (
                     SELECT execution_id FROM executions
@@ -295,31 +291,7 @@ class StepStatements:
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
+        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            await self._fenced_write_rejected(lease, step_key)
-            raise LeaseLost(lease.execution_id, lease.token)
+            raise await rejected(self.db, lease, step_key)
 
-    async def attempt_history(self, execution_id: str) -> list[dict]:
-        """Failed attempts (step_key set) and `Retry` reasons (step_key NULL), oldest first."""
-        rows = await self.pool.fetch(
-            """
-            SELECT step_key, attempt, token, error, at FROM attempt_history
-            WHERE execution_id = $1 ORDER BY attempt_id
-            """,
-            execution_id,
-        )
-        return [dict(r) for r in rows]
-
-    async def db_now(self) -> datetime:
-        return await self.pool.fetchval("SELECT now()")
-
-    async def _fenced_write_rejected(self, lease: Lease, step_key: str) -> None:
-        await self.pool.execute(
-            """
-            INSERT INTO execution_events (execution_id, kind, token, detail)
-            VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-        )

@@ -9,27 +9,27 @@ them with `token_quotas()` every few seconds and counts in memory
 
 from __future__ import annotations
 
-import asyncpg
+from typing import Any
+
+from app.store.handle import StoreObject
 
 # A quota change: a positive limit, None to remove it, or UNCHANGED.
 UNCHANGED = object()
 
 
-class TokenStatements:
-    pool: asyncpg.Pool
-
+class Tokens(StoreObject):
     async def create_token(self, token_id: str, *, name: str, role: str, secret_sha256: str,
                            admissions_per_minute: int | None = None,
                            signals_per_minute: int | None = None) -> None:
         # The check constraint quotas_positive refuses a limit of 0 or less.
-        await self.pool.execute(
+        await self.db.execute(
             "INSERT INTO api_tokens (token_id, name, role, secret_sha256, "
             "admissions_per_minute, signals_per_minute) VALUES ($1, $2, $3, $4, $5, $6)",
             token_id, name, role, secret_sha256, admissions_per_minute, signals_per_minute,
         )
 
-    async def list_tokens(self) -> list[dict]:
-        rows = await self.pool.fetch(
+    async def list_tokens(self) -> list[dict[str, Any]]:
+        rows = await self.db.fetch(
             "SELECT token_id, name, role, created_at, revoked_at, admissions_per_minute, "
             "signals_per_minute FROM api_tokens ORDER BY created_at"
         )
@@ -37,7 +37,7 @@ class TokenStatements:
 
     async def revoke_token(self, token_id_or_name: str) -> int:
         """Revoke by ID, or every live token of that name. Returns how many."""
-        return await self.pool.fetchval(
+        return int(await self.db.fetchval(
             """
             WITH r AS (
                 UPDATE api_tokens SET revoked_at = now()
@@ -46,7 +46,7 @@ class TokenStatements:
             ) SELECT count(*) FROM r
             """,
             token_id_or_name,
-        )
+        ))
 
     async def set_token_quotas(self, token_id_or_name: str, *,
                                admissions_per_minute: int | None | object = UNCHANGED,
@@ -54,7 +54,7 @@ class TokenStatements:
         """Change the quotas of a live token by ID, or of every live token of
         that name; a quota not given keeps its value. Returns how many tokens.
         Only live tokens: a revoked token's row stays as it was revoked."""
-        return await self.pool.fetchval(
+        return int(await self.db.fetchval(
             """
             WITH q AS (
                 UPDATE api_tokens SET
@@ -69,22 +69,22 @@ class TokenStatements:
             None if admissions_per_minute is UNCHANGED else admissions_per_minute,
             signals_per_minute is not UNCHANGED,
             None if signals_per_minute is UNCHANGED else signals_per_minute,
-        )
+        ))
 
     async def token_quotas(self) -> dict[str, tuple[int | None, int | None]]:
         """{token_id: (admissions_per_minute, signals_per_minute)} of the live
         tokens that have any quota: the whole snapshot an API process counts
         against. A plain read: it locks no token row, so it never waits on,
         nor holds up, anything a request does."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             "SELECT token_id, admissions_per_minute, signals_per_minute FROM api_tokens "
             "WHERE revoked_at IS NULL "
             "AND (admissions_per_minute IS NOT NULL OR signals_per_minute IS NOT NULL)"
         )
         return {r["token_id"]: (r["admissions_per_minute"], r["signals_per_minute"]) for r in rows}
 
-    async def find_token(self, token_id: str) -> dict | None:
-        row = await self.pool.fetchrow(
+    async def find_token(self, token_id: str) -> dict[str, Any] | None:
+        row = await self.db.fetchrow(
             "SELECT token_id, name, role, secret_sha256 FROM api_tokens "
             "WHERE token_id = $1 AND revoked_at IS NULL",
             token_id,

@@ -49,9 +49,9 @@ class Delivery:
     lease: Lease
     workflow_id: str
     params: Any
-    context: dict
+    context: dict[str, Any]
     status_before: str
-    outcome: dict | None
+    outcome: dict[str, Any] | None
     unacknowledged_deliveries: int
     deadline: datetime | None
     code_version: str | None
@@ -89,9 +89,12 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Conflict:
+    """The ID is held by another execution (or retired: status "retired",
+    and the workflow unknown when only the fork found it)."""
+
     execution_id: str
     status: str
-    workflow_id: str
+    workflow_id: str | None
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class StepRecord:
     step_key: str
     status: str
     value: Any
-    error: dict | None
+    error: dict[str, Any] | None
     function_name: str | None
     attempts: int
     token: int
@@ -112,7 +115,7 @@ class StepRecord:
 @dataclass(frozen=True)
 class Acknowledged:
     status: str
-    outcome: dict | None
+    outcome: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class ReapResult:
 
 WakeAnswer = Literal["requested", "ignored", "not_found"]
 
-_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
+TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
 
 # ------------------------------------------------------------ the healed view
 #
@@ -133,15 +136,16 @@ _TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in TERMINAL_STATUSES) + ")"
 #
 # * an expired lease is ended (status back to suspended/admitted, counter +1,
 #   covered wakes pending again, redelivery delay from the expiry), then
-#   settled in the same transaction by app/store/policy.py's _SETTLE: a cancel
-#   request ends it `cancelled`; a deadline at or before the later of now and
-#   the redelivery time ends it `timed_out`; reaching the poison threshold
-#   parks it (`poison`);
+#   settled in the same transaction by app/store/policy.py's settled_end (the
+#   one rule, written by `settle` and predicted here): a cancel request ends
+#   it `cancelled`; a deadline at or before the later of now and the
+#   redelivery time ends it `timed_out`; reaching the poison threshold parks
+#   it (`poison`);
 # * an unheld record (admitted, suspended, parked) that was cancelled or
 #   passed its deadline and can run no cleanup is ended `cancelled` or
-#   `timed_out` (policy.py's SWEPT and _SWEEP).
+#   `timed_out` (policy.py's SWEPT_END, which the sweep writes).
 #
-# The outcomes are policy.py's own SQL. Each column below is one expression
+# The rules and the outcomes are policy.py's own SQL. Each column below is one expression
 # over the raw row (a select list cannot name its own results), generated
 # from the few predicates here. `record_columns(threshold)` takes the poison
 # threshold (the store's max_unacknowledged); $1 = redelivery base seconds,
@@ -155,9 +159,6 @@ _HEALED_REDELIVER = (
     " + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $1, $2)"
     " ELSE redeliver_after END"
 )
-_CANCEL = "cancel_requested_at IS NOT NULL"
-# policy._PAST_DEADLINE over the reaped row.
-_PAST_DEADLINE = f"coalesce(deadline <= greatest(now(), coalesce({_HEALED_REDELIVER}, now())), false)"
 
 
 def _outcome_sql(fragment: str) -> str:
@@ -170,15 +171,12 @@ def _settled(threshold: int) -> str:
     """What the reaper writes: 'cancelled' | 'timed_out' | 'parked' (poison),
     'requeued' (lease ended, no rule applies), or NULL (nothing to do)."""
     # policy.py imports this module (through compose.py): import it late.
-    from app.store.policy import SWEPT
+    from app.store.policy import SWEPT_END, settled_end
 
-    return f"""(CASE WHEN {_EXPIRED} THEN
-            CASE WHEN {_CANCEL} THEN 'cancelled'
-                 WHEN {_PAST_DEADLINE} THEN 'timed_out'
-                 WHEN unacknowledged_deliveries + 1 >= {int(threshold)} THEN 'parked'
-                 ELSE 'requeued' END
-         WHEN coalesce({_outcome_sql(SWEPT)}, false) THEN
-            CASE WHEN {_CANCEL} THEN 'cancelled' ELSE 'timed_out' END END)"""
+    # The reaped row: counter +1, redelivery counted from the expiry.
+    reaped = settled_end(_HEALED_REDELIVER, "unacknowledged_deliveries + 1", str(int(threshold)))
+    return f"""(CASE WHEN {_EXPIRED} THEN coalesce({_outcome_sql(reaped)}, 'requeued')
+         ELSE {_outcome_sql(SWEPT_END)} END)"""
 
 
 def healed_status_sql(threshold: int) -> str:
@@ -228,7 +226,7 @@ def record_columns(threshold: int) -> str:
 """
 
 
-def _encode_cursor(admitted_at: datetime, execution_id: str) -> str:
+def encode_cursor(admitted_at: datetime, execution_id: str) -> str:
     raw = json.dumps([admitted_at.isoformat(), execution_id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -243,14 +241,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError("cursor is not one this server issued") from exc
 
 
-# Selected by every fence: tells the current holder to stop at this step.
-INTERRUPT_SQL = (
-    "CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel' "
-    "WHEN deadline <= now() THEN 'deadline' END AS interrupt"
-)
-
-
-def _step(row: asyncpg.Record, interrupt: str | None = None) -> StepRecord:
+def step_record(row: asyncpg.Record, interrupt: str | None = None) -> StepRecord:
     return StepRecord(
         step_key=row["step_key"],
         status=row["status"],

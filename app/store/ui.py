@@ -5,10 +5,12 @@ the last hour, and the leases each worker holds. Read-only statements."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
 from app.blocked import reason_sql
+from app.store.handle import StoreObject
 from app.store.types import healed_status_sql, record_columns
 
 # How the listing may be ordered: a fixed set, never built from input.
@@ -26,12 +28,7 @@ UI_SORTS: dict[str, str] = {
 _BLOCKED_REASON_SQL = reason_sql("r", "$4::text[]")
 
 
-class UiStatements:
-    pool: asyncpg.Pool
-    redelivery_base: float
-    redelivery_cap: float
-    max_unacknowledged: int
-
+class Dashboard(StoreObject):
     async def ui_list(
         self,
         *,
@@ -45,13 +42,13 @@ class UiStatements:
         sort: str = "admitted-desc",
         offset: int = 0,
         limit: int = 50,
-    ) -> tuple[list[dict], int]:
+    ) -> tuple[list[dict[str, Any]], int]:
         """One page of the healed records matching every filter given, each
         with `blocked_reason` (app/blocked.py's reason, 'none' when terminal),
         and how many match in all. `admitted_to` is exclusive."""
         order = UI_SORTS[sort]
         where = f"""
-            FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
+            FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
                   WHERE ($5::text IS NULL OR workflow_id = $5)
                     AND ($8::timestamptz IS NULL OR admitted_at >= $8)
                     AND ($9::timestamptz IS NULL OR admitted_at < $9)) r
@@ -60,8 +57,8 @@ class UiStatements:
               AND ($7::text IS NULL OR ({_BLOCKED_REASON_SQL}) = $7)
         """
         args = (
-            self.redelivery_base,
-            self.redelivery_cap,
+            self.config.redelivery_base,
+            self.config.redelivery_cap,
             status,
             sorted(live_workflows),
             workflow_id,
@@ -70,7 +67,7 @@ class UiStatements:
             admitted_from,
             admitted_to,
         )
-        async with self.pool.acquire() as conn:
+        async with self.db.connection() as conn:
             rows = await conn.fetch(
                 f"""
                 SELECT r.*, {_BLOCKED_REASON_SQL} AS blocked_reason {where}
@@ -85,30 +82,32 @@ class UiStatements:
 
     async def status_counts(self) -> dict[str, int]:
         """Executions per status, as reads report it (the healed view)."""
-        rows = await self.pool.fetch(
-            f"SELECT {healed_status_sql(self.max_unacknowledged)} AS status, count(*) AS n "
+        rows = await self.db.fetch(
+            f"SELECT {healed_status_sql(self.config.max_unacknowledged)} AS status, count(*) AS n "
             "FROM executions GROUP BY 1",
-            self.redelivery_base,
-            self.redelivery_cap,
+            self.config.redelivery_base,
+            self.config.redelivery_cap,
         )
         return {r["status"]: int(r["n"]) for r in rows}
 
     async def workflow_ids_seen(self, limit: int = 200) -> list[str]:
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             "SELECT DISTINCT workflow_id FROM executions ORDER BY workflow_id LIMIT $1", limit
         )
         return [r["workflow_id"] for r in rows]
 
-    async def activity_per_minute(self, minutes: int = 60) -> tuple[datetime, list[dict]]:
+    async def activity_per_minute(self, minutes: int = 60) -> tuple[datetime, list[dict[str, Any]]]:
         """(database now, one row per minute, oldest first, of the last
         `minutes`): completions and failures (acknowledged as completed /
         failed or timed_out) and unacknowledged deliveries (released, or a
         lease that expired)."""
-        async with self.pool.acquire() as conn:
-            now, since = await conn.fetchrow(
+        async with self.db.connection() as conn:
+            bounds = await conn.fetchrow(
                 "SELECT now(), date_trunc('minute', now()) - make_interval(mins => $1 - 1)",
                 minutes,
             )
+            assert bounds is not None  # the statement always returns its row
+            now, since = bounds[0], bounds[1]
             first_id = await self._first_event_id_at(conn, since)
             rows = await conn.fetch(
                 """
@@ -147,6 +146,7 @@ class UiStatements:
         writing transaction's start and event IDs come from a sequence, so
         they are nearly in the same order: the bound is taken 10 minutes early."""
         bounds = await conn.fetchrow("SELECT min(event_id), max(event_id) FROM execution_events")
+        assert bounds is not None  # the statement always returns its row
         low, high = bounds[0], bounds[1]
         if low is None:
             return 0
@@ -162,19 +162,19 @@ class UiStatements:
                 low = mid + 1
             else:
                 high = mid
-        return low
+        return int(low)
 
     async def leases_by_owner(self) -> dict[str, int]:
         """Live leases per holder (reads the lease-expiry partial index)."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             "SELECT lease_owner, count(*) AS n FROM executions "
             "WHERE status = 'running' AND lease_expires_at > now() GROUP BY lease_owner"
         )
         return {r["lease_owner"]: int(r["n"]) for r in rows}
 
-    async def outcome_unknown_effects(self, execution_id: str) -> list[dict]:
+    async def outcome_unknown_effects(self, execution_id: str) -> list[dict[str, Any]]:
         """The effect attempts of one execution waiting for an operator."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             SELECT step_key, idempotency_key, function_name, attempts, token, started_at,
                    updated_at

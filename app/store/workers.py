@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import asyncpg
+from typing import Any
 
 from app.blocked import reason_sql
+from app.store.handle import StoreObject
 from app.store.types import record_columns
 
 
-class WorkerStatements:
-    pool: asyncpg.Pool
-    redelivery_base: float
-    redelivery_cap: float
-    max_unacknowledged: int
-
+class Workers(StoreObject):
     async def register_worker(
         self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int,
         live_within_seconds: float | None = None,
-    ) -> dict | None:
+    ) -> dict[str, Any] | None:
         """Register (or re-register) `worker_id`, starting now. With
         `live_within_seconds`, an ID another live worker holds (not stopped,
         heartbeat within that long, another host or pid) is not taken: its
         holder's row is returned, unchanged; None when registered."""
-        registered = await self.pool.fetchval(
+        registered = await self.db.fetchval(
             """
             INSERT INTO workers (worker_id, host, pid, workflows, concurrency)
             VALUES ($1, $2, $3, $4, $5)
@@ -44,25 +40,25 @@ class WorkerStatements:
         )
         if registered:
             return None
-        holder = await self.pool.fetchrow(
+        holder = await self.db.fetchrow(
             "SELECT host, pid, heartbeat_at FROM workers WHERE worker_id = $1", worker_id)
         return dict(holder) if holder is not None else None
 
     async def heartbeat(self, worker_id: str) -> None:
-        await self.pool.execute(
+        await self.db.execute(
             "UPDATE workers SET heartbeat_at = now() WHERE worker_id = $1", worker_id
         )
 
     async def worker_stopped(self, worker_id: str) -> None:
-        await self.pool.execute(
+        await self.db.execute(
             "UPDATE workers SET stopped_at = now(), heartbeat_at = now() WHERE worker_id = $1",
             worker_id,
         )
 
-    async def list_workers(self, *, stale_after_seconds: float, recent_seconds: float = 3600) -> list[dict]:
+    async def list_workers(self, *, stale_after_seconds: float, recent_seconds: float = 3600) -> list[dict[str, Any]]:
         """Live workers (heartbeat within `stale_after_seconds`, not stopped)
         and those that stopped or went silent within `recent_seconds`."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             """
             SELECT w.worker_id, w.host, w.pid, w.workflows, w.concurrency, w.started_at,
                    w.heartbeat_at, w.stopped_at,
@@ -85,13 +81,13 @@ class WorkerStatements:
         )
         return [dict(r) for r in rows]
 
-    async def metrics_snapshot(self, live_within_seconds: float = 31.0) -> dict:
+    async def metrics_snapshot(self, live_within_seconds: float = 31.0) -> dict[str, Any]:
         """Gauges over unfinished rows, each read as the API reports it (the
         healed view of app/store/types.py: an expired lease counts as the
         reaper will leave it), and why each waits by app/blocked.py's rule,
         with the workflows some worker heartbeating within
         `live_within_seconds` runs."""
-        async with self.pool.acquire() as conn:
+        async with self.db.connection() as conn:
             rows = await conn.fetch(
                 f"""
                 WITH live AS (
@@ -102,7 +98,7 @@ class WorkerStatements:
                            AS workflows
                 ), x AS (
                     SELECT r.*, {reason_sql("r", "l.workflows")} AS reason
-                    FROM (SELECT {record_columns(self.max_unacknowledged)} FROM executions
+                    FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
                           WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r,
                          live l
                     WHERE r.status IN ('admitted', 'running', 'suspended', 'parked')
@@ -118,8 +114,8 @@ class WorkerStatements:
                 FROM x
                 GROUP BY x.status, x.parked_reason, x.workflow_id, x.reason
                 """,
-                self.redelivery_base,
-                self.redelivery_cap,
+                self.config.redelivery_base,
+                self.config.redelivery_cap,
                 float(live_within_seconds),
             )
             live = await conn.fetchrow(
@@ -159,6 +155,7 @@ class WorkerStatements:
             if r["oldest"] is not None:
                 oldest_by_reason[r["reason"]] = max(oldest_by_reason.get(r["reason"], 0.0),
                                                     max(0.0, float(r["oldest"])))
+        assert live is not None  # the statement always returns its row
         return {
             "by_status": by_status,
             "by_status_workflow": by_status_workflow,

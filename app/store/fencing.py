@@ -1,0 +1,38 @@
+"""The fence: every write a lease holder makes carries its lease's token and
+is refused unless that token is still current and the execution `running`
+(checked and written in one statement, under the execution row's lock).
+
+A refused write changes nothing, and each refusal leaves exactly one
+`fenced_write_rejected` event in the history (written by `rejected` below,
+after the refused statement, so a refusal inside a transaction that rolls
+back is still recorded), and the holder gets `LeaseLost`. A renewal that
+finds its lease gone records `renewal_lost` instead (app/store/leases.py):
+the holder made no write, it learns it must stop.
+"""
+
+from __future__ import annotations
+
+from app.store.handle import Handle
+from app.store.types import Lease, LeaseLost
+
+# Selected by every fence: tells the current holder to stop at this step.
+INTERRUPT_SQL = (
+    "CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel' "
+    "WHEN deadline <= now() THEN 'deadline' END AS interrupt"
+)
+
+
+async def rejected(db: Handle, lease: Lease, step_key: str | None = None) -> LeaseLost:
+    """Record that a write under `lease` was refused by the fence and return
+    the LeaseLost to raise. `step_key`: the step the write was for (None for
+    the writes that end a delivery: acknowledge, release)."""
+    await db.execute(
+        """
+        INSERT INTO execution_events (execution_id, kind, token, detail)
+        VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
+        """,
+        lease.execution_id,
+        lease.token,
+        step_key,
+    )
+    return LeaseLost(lease.execution_id, lease.token)
