@@ -181,7 +181,7 @@ def reason_sql(r: str = "r", live: str = "NULL::text[]") -> str:
 
 
 def blocked_by(row: Row, live_workflows: set[str] | None) -> dict[str, Any] | None:
-    """`row` is a healed record (ExecutionStore.get/list/ui_list, with read_at =
+    """`row` is a healed record (store.history.get/list, store.dashboard.ui_list, with read_at =
     the database's now). `live_workflows`: workflows some live worker runs;
     None when unknown."""
     reason = reason_of(row, live_workflows)

@@ -25,7 +25,7 @@ class OperationRunner:
         """Batches until one comes back short; returns the items carried out."""
         total = 0
         while True:
-            n = await self.store.run_operation_batch(self.batch)
+            n = await self.store.operations.run_operation_batch(self.batch)
             total += n
             if n < self.batch:
                 return total

@@ -1,7 +1,7 @@
 """The expired-lease reaper: a small maintenance service.
 
 `run_once()` ends leases whose expiry has passed (see
-`ExecutionStore.reap_expired`: status back, counter +1, redelivery delay; or
+`store.leases.reap_expired`: status back, counter +1, redelivery delay; or
 cancelled / timed out / parked as poison, as the rules say) and times out
 unheld executions whose deadline passed; `run()` only sleeps and calls it.
 Claims take over expired leases on their own, so the reaper exists to make
@@ -36,14 +36,14 @@ class LeaseReaper:
     async def run_once(self) -> ReapResult:
         """Reap until a batch comes back short; returns the leases ended.
         Then end the unheld executions a cancel or the deadline left with no
-        cleanup to run (see ExecutionStore.sweep_interrupted)."""
+        cleanup to run (see store.leases.sweep_interrupted)."""
         ids: list[str] = []
         while True:
-            result = await self.store.reap_expired(self.batch)  # counts its takeovers
+            result = await self.store.leases.reap_expired(self.batch)  # counts its takeovers
             ids.extend(result.execution_ids)
             if result.expired < self.batch:
                 break
-        while len(await self.store.sweep_interrupted(self.batch)) == self.batch:
+        while len(await self.store.leases.sweep_interrupted(self.batch)) == self.batch:
             pass
         METRICS.maintained("reaper")
         return ReapResult(len(ids), ids)

@@ -31,7 +31,7 @@ class RetentionPruner:
         """Prune until a batch comes back short; returns how many were deleted."""
         total = 0
         while True:
-            n = await self.store.prune_terminal(self.retention_seconds, self.batch)
+            n = await self.store.history.prune_terminal(self.retention_seconds, self.batch)
             METRICS.pruned.inc(n)
             total += n
             if n < self.batch:

@@ -95,7 +95,7 @@ class Scheduler:
         for definition in sorted(self.workflows.values(), key=lambda d: d.workflow_id):
             if not definition.schedule:
                 continue
-            row = await self.store.upsert_code_schedule(
+            row = await self.store.schedules.upsert_code_schedule(
                 schedule_id=definition.workflow_id,
                 workflow_id=definition.workflow_id,
                 cron=definition.schedule,
@@ -107,7 +107,7 @@ class Scheduler:
                      " (paused)" if row["paused"] else "")
         unscheduled = sorted(w for w, d in self.workflows.items() if not d.schedule)
         if unscheduled:
-            for schedule_id in await self.store.drop_code_schedules(unscheduled):
+            for schedule_id in await self.store.schedules.drop_code_schedules(unscheduled):
                 log.info("schedule %s deleted: its workflow code no longer declares one",
                          schedule_id)
         return rows
@@ -118,7 +118,7 @@ class Scheduler:
         """Evaluate every unpaused schedule of this worker's workflows up to
         the database's now (or `until`, if earlier: tests replay past days)."""
         result = SchedulerPass()
-        candidates = await self.store.due_schedules(sorted(self.workflows))
+        candidates = await self.store.schedules.due_schedules(sorted(self.workflows))
         known = {c["schedule_id"] for c in candidates}
         self._next = {k: v for k, v in self._next.items() if k in known}
         for candidate in candidates:
@@ -154,7 +154,7 @@ class Scheduler:
 
     async def _evaluate(self, schedule_id: str, result: SchedulerPass,
                         until: datetime | None) -> None:
-        async with self.store.schedule_turn(schedule_id) as turn:
+        async with self.store.schedules.schedule_turn(schedule_id) as turn:
             if turn is None:  # paused, deleted, or another worker holds it right now
                 return
             s = turn.schedule
@@ -176,7 +176,7 @@ class Scheduler:
             to_admit, skipped = cron.slots(expression, tz, s["last_slot"], now, catch_up)
             for slot in to_admit:
                 execution_id = cron.slot_id(schedule_id, slot)
-                answer = await self.store.admit(
+                answer = await self.store.admissions.admit(
                     workflow_id=s["workflow_id"],
                     params=s["params"],
                     context={"scheduleId": schedule_id, "scheduledAt": _iso(slot)},
@@ -185,7 +185,7 @@ class Scheduler:
                 )
                 if isinstance(answer, Admitted):
                     result.admitted.append(execution_id)
-                    await self.store.record_schedule_fired(schedule_id, execution_id, slot)
+                    await self.store.schedules.record_schedule_fired(schedule_id, execution_id, slot)
                     METRICS.schedule_slots.labels("fired").inc()
                     log.info("schedule %s fired slot %s as %s", schedule_id, _iso(slot),
                              execution_id)
@@ -215,7 +215,7 @@ class Scheduler:
     async def prune_events(self) -> int:
         if not self.retention_seconds:
             return 0
-        return await self.store.prune_schedule_events(sorted(self.workflows),
+        return await self.store.schedules.prune_schedule_events(sorted(self.workflows),
                                                       self.retention_seconds)
 
     async def sweep(self) -> None:

@@ -459,7 +459,7 @@ class WorkflowContext:
         self._gate()
         wanted = idempotency_key or f"{self.execution_id}:{key}"
         attempt = await self._fenced(
-            self._store.begin_effect(self._lease, key, idempotency_key=wanted, function_name=name),
+            self._store.effects.begin_effect(self._lease, key, idempotency_key=wanted, function_name=name),
             key,
         )
         self.notice(attempt.interrupt)
@@ -476,7 +476,7 @@ class WorkflowContext:
                     return self._settled(await self._record_value(key, name, attempts, found))
             else:
                 raise Park(key)
-            await self._fenced(self._store.retry_effect(self._lease, key), key)
+            await self._fenced(self._store.effects.retry_effect(self._lease, key), key)
             attempts += 1
         policy = retry or NO_RETRY
         tries = 0
@@ -505,7 +505,7 @@ class WorkflowContext:
                 # The remote side answered with an error: a known outcome,
                 # retried with the same key while the policy says so.
                 if await self._may_retry(key, name, attempts, exc, policy, tries):
-                    await self._fenced(self._store.retry_effect(self._lease, key), key)
+                    await self._fenced(self._store.effects.retry_effect(self._lease, key), key)
                     attempts += 1
                     continue
                 return self._settled(await self._record(key, name, attempts,
@@ -536,7 +536,7 @@ class WorkflowContext:
                 with tracing.span(f"fencepost transaction {key}",
                                   attributes=self._traced(key, attempt)):
                     record = await self._fenced(
-                        self._store.transaction_step(self._lease, key, fn, args,
+                        self._store.compose.transaction_step(self._lease, key, fn, args,
                                                      function_name=name, attempts=attempt,
                                                      check_value=self._value_problem),
                         key,
@@ -582,7 +582,7 @@ class WorkflowContext:
         if definition is not None:
             definition.parse_params(params if params is not None else {})
         answer, detail = await self._fenced(
-            self._store.start_child(
+            self._store.compose.start_child(
                 self._lease, key, workflow_id=workflow_id,
                 params=params if params is not None else {}, child_id=child_id,
                 timeout_seconds=definition.timeout_seconds if definition is not None else None,
@@ -595,8 +595,8 @@ class WorkflowContext:
             raise Cancelled("cancellation was requested; no child was started")
         if answer == "conflict":
             taken = ("was retired (deleted by retention) and is never reused"
-                     if detail["status"] == "retired" else
-                     f"already exists (status {detail['status']}, workflow {detail['workflowId']})")
+                     if detail.status == "retired" else
+                     f"already exists (status {detail.status}, workflow {detail.workflow_id})")
             error = {
                 "name": "ExecutionIdConflict",
                 "message": f"execution {child_id!r} {taken} and is not this step's child",
@@ -604,7 +604,7 @@ class WorkflowContext:
             child = self._settled(await self._record(key, f"child:{workflow_id}", 1, error=error))
             return child
         # "existing": the child this step started before (under whatever ID) stands.
-        started = detail.get("executionId", child_id) if answer == "existing" else child_id
+        started = detail.execution_id if answer == "existing" else child_id
         child = self._settled(await self._record(key, f"child:{workflow_id}", 1, value=started))
         return child
 
@@ -617,7 +617,7 @@ class WorkflowContext:
         recorded = self._take(key, "child-wait")
         if recorded is None:
             self._gate()
-            status, outcome = await self._fenced(self._store.child_status(child_id), key)
+            status, outcome = await self._fenced(self._store.compose.child_status(child_id), key)
             if status is None:
                 error = {"name": "ChildNotFound", "message": f"no execution {child_id!r}"}
                 recorded = await self._record(key, "child-wait", 1, error=error)
@@ -678,7 +678,7 @@ class WorkflowContext:
         if recorded is None:
             self._gate()
             recorded = await self._fenced(
-                self._store.consume_signal(self._lease, key, name, with_sender=with_sender), key)
+                self._store.signals.consume_signal(self._lease, key, name, with_sender=with_sender), key)
         if recorded is not None:
             self.notice(recorded.interrupt)
             # The timeout timer, recorded by an earlier delivery, is settled too.
@@ -771,7 +771,7 @@ class WorkflowContext:
     async def _record_attempt(self, key: str, attempt: int, exc: BaseException) -> None:
         """Keep a failed attempt in the step's history (fenced)."""
         try:
-            await self._fenced(self._store.record_attempt(self._lease, key, attempt,
+            await self._fenced(self._store.steps.record_attempt(self._lease, key, attempt,
                                                           error_of(exc)), key)
         except InvalidEvent:
             pass  # an error text Postgres cannot store: the step's own record says enough
@@ -811,7 +811,7 @@ class WorkflowContext:
         """Sleep before the next attempt; False (no sleep) when it would start
         at or after the deadline."""
         if self.deadline is not None:
-            now = await self._fenced(self._store.db_now(), key)
+            now = await self._fenced(self._store.clock.db_now(), key)
             if (now - self.deadline).total_seconds() + delay >= 0:
                 return False
         await asyncio.sleep(delay)
@@ -837,7 +837,7 @@ class WorkflowContext:
                       error: dict[str, Any] | None = None) -> StepRecord:
         try:
             return await self._fenced(
-                self._store.write_step(
+                self._store.steps.write_step(
                     self._lease, key, value=value, error=error,
                     function_name=function_name, attempts=attempts,
                 ),
@@ -903,19 +903,19 @@ class WorkflowContext:
             wake_at = datetime.fromisoformat(recorded.value)
             if wake_at <= self._delivery.claimed_at:
                 return None
-            now = await self._fenced(self._store.db_now(), key)
+            now = await self._fenced(self._store.clock.db_now(), key)
         else:
             # A new timer is a wait: cleanup code may not start one.
             self._gate(wait=True)
             wake_at, now, interrupt = await self._fenced(
-                self._store.record_timer(self._lease, key, delay_seconds=delay, until=until), key
+                self._store.steps.record_timer(self._lease, key, delay_seconds=delay, until=until), key
             )
             self.notice(interrupt)
         if wake_at <= now:
             return None
         self._gate(wait=True)
         # Unfenced: a stale holder's extra wake costs at most one extra delivery.
-        await self._fenced(self._store.request_wake(self.execution_id, wake_at), key)
+        await self._fenced(self._store.operator.request_wake(self.execution_id, wake_at), key)
         return wake_at
 
 
@@ -947,7 +947,7 @@ async def keep_late_observation(store: ExecutionStore, lease: Lease, key: str | 
     (never applied), and count it; the store compares it with what was
     recorded, and a difference is an integrity conflict."""
     try:
-        conflict = await store.record_late_observation(lease, key, value=value, error=error,
+        conflict = await store.steps.record_late_observation(lease, key, value=value, error=error,
                                                        observed=observed)
     except InvalidEvent:
         return

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from app.settings import Settings
+from app.store.shared import StoredSetting
 
 # Settings field -> environment variable, for every setting all processes share.
 SHARED: dict[str, str] = {
@@ -54,19 +55,19 @@ def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def mismatches(stored: dict[str, dict[str, Any]], settings: Settings) -> list[str]:
+def mismatches(stored: dict[str, StoredSetting], settings: Settings) -> list[str]:
     """One message per shared setting whose stored value differs from this
     process's; empty when every one agrees."""
     problems = []
     for field, env in SHARED.items():
         if field not in stored:
             continue
-        have, want = getattr(settings, field), stored[field]["value"]
+        have, want = getattr(settings, field), stored[field].value
         if _same(want, have):
             continue
         problems.append(
             f"{env} is {_show(have)} in this process but {_show(want)} in the database "
-            f"(stored {stored[field]['updatedAt']:%Y-%m-%d %H:%M:%S %Z}); every api and worker "
+            f"(stored {stored[field].updated_at:%Y-%m-%d %H:%M:%S %Z}); every api and worker "
             f"must use the same value. Start this process with {env}={_show(want)}, or change "
             f"it for all deliberately: stop every api and worker, run `fencepost settings set "
             f"{env} {_show(have)}`, and start them all with {env}={_show(have)}"
@@ -74,13 +75,13 @@ def mismatches(stored: dict[str, dict[str, Any]], settings: Settings) -> list[st
     return problems
 
 
-async def check(pool: asyncpg.Pool, settings: Settings) -> dict[str, dict[str, Any]]:
+async def check(pool: asyncpg.Pool, settings: Settings) -> dict[str, StoredSetting]:
     """Store this process's shared settings where none are stored; raise
     SharedSettingsMismatch (exit 2, a message per difference) when a stored
     one differs. Returns the stored values."""
     from app.store import ExecutionStore
 
-    stored = await ExecutionStore(pool).store_shared_settings(given_values(settings))
+    stored = await ExecutionStore(pool).settings.store_shared_settings(given_values(settings))
     problems = mismatches(stored, settings)
     if problems:
         raise SharedSettingsMismatch(
@@ -104,7 +105,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("value")
 
 
-def _parse(field: str, text: str, stored: dict[str, dict[str, Any]]) -> int | float:
+def _parse(field: str, text: str, stored: dict[str, StoredSetting]) -> int | float:
     annotation = Settings.model_fields[field].annotation
     try:
         value: int | float = int(text) if annotation is int else float(text)
@@ -112,7 +113,7 @@ def _parse(field: str, text: str, stored: dict[str, dict[str, Any]]) -> int | fl
         raise ValueError(f"{SHARED[field]}: {text!r} is not a{'n integer' if annotation is int else ' number'}") from None
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{SHARED[field]}: must be a finite number above 0")
-    current = {f: v["value"] for f, v in stored.items()} | {field: value}
+    current = {f: v.value for f, v in stored.items()} | {field: value}
     base, cap = current.get("redelivery_base_seconds"), current.get("redelivery_cap_seconds")
     if base is not None and cap is not None and cap < base:
         raise ValueError(
@@ -131,11 +132,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         pool = await create_pool(settings, min_size=1, max_size=1)
         try:
             store = ExecutionStore(pool)
-            stored = await store.shared_settings()
+            stored = await store.settings.shared_settings()
             if args.settings_command == "show":
                 for field, env in SHARED.items():
                     row = stored.get(field)
-                    where = (f"{_show(row['value'])} (stored {row['updatedAt']:%Y-%m-%d %H:%M:%S %Z})"
+                    where = (f"{_show(row.value)} (stored {row.updated_at:%Y-%m-%d %H:%M:%S %Z})"
                              if row else "not stored yet (the first api or worker stores its own)")
                     print(f"{env} = {where}; this environment: {_show(getattr(settings, field))}")
                 return 0
@@ -145,8 +146,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            answer = await store.set_shared_setting(field, value)
-            before = "not stored" if answer["previous"] is None else _show(answer["previous"])
+            answer = await store.settings.set_shared_setting(field, value)
+            before = "not stored" if answer.previous is None else _show(answer.previous)
             print(f"{args.name} = {_show(value)} (was {before}). Running processes keep the value "
                   f"they started with: restart every api and worker with {args.name}="
                   f"{_show(value)}; a process started with another value refuses to start.")

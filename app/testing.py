@@ -158,7 +158,7 @@ class WorkflowEnvironment:
         if timeout is None and deadline is None:
             timeout = definition.timeout_seconds
         eid = execution_id or f"{workflow_id}-{uuid.uuid4().hex[:8]}"
-        answer = await self.store.admit(workflow_id=workflow_id, params=raw, execution_id=eid,
+        answer = await self.store.admissions.admit(workflow_id=workflow_id, params=raw, execution_id=eid,
                                         context=context, deadline=deadline, timeout_seconds=timeout,
                                         code_version=definition.version)
         if not isinstance(answer, Admitted):
@@ -173,14 +173,14 @@ class WorkflowEnvironment:
         without authentication records). A workflow's `signals=` restriction
         applies: a sender without the role raises PermissionError."""
         sender = sender or SignalSender(token_id=None, name="anonymous", role="operate")
-        record = await self.store.get(execution_id)
+        record = await self.store.history.get(execution_id)
         if record is None:
             raise KeyError(f"no execution {execution_id!r}")
         definition = self.workflows.get(record["workflow_id"])
         if definition is not None and not definition.may_signal(name, {sender.role}):
             raise PermissionError(f"{record['workflow_id']!r} does not accept signal {name!r} "
                                   f"from role {sender.role!r}")
-        answer, detail = await self.store.send_signal(
+        answer, detail = await self.store.signals.send_signal(
             execution_id, name, payload,
             sender=StoredSender(sender.token_id, sender.name, sender.role))
         if answer != "received":
@@ -189,14 +189,14 @@ class WorkflowEnvironment:
     async def cancel(self, execution_id: str) -> Any:
         """Request cancellation, as `POST /v1/executions/{id}/cancel` does:
         the workflow's cleanup runs in the environment's worker."""
-        return await self.store.request_cancel(execution_id, by="test")
+        return await self.store.operator.request_cancel(execution_id, by="test")
 
     async def terminate(self, execution_id: str) -> Any:
         """Cancel with no code run, as `POST /v1/executions/{id}/terminate` does."""
-        return await self.store.terminate(execution_id, by="test")
+        return await self.store.operator.terminate(execution_id, by="test")
 
     async def get(self, execution_id: str) -> dict[str, Any]:
-        record = await self.store.get(execution_id)
+        record = await self.store.history.get(execution_id)
         if record is None:
             raise KeyError(f"no execution {execution_id!r}")
         return record
@@ -263,20 +263,20 @@ class WorkflowEnvironment:
             self._check_worker()
             if loop.time() > end:
                 raise TimeoutError(f"the environment is still busy after {timeout}s: "
-                                   f"{await self.store.family_statuses(self.started)}")
+                                   f"{await self.store.clock.family_statuses(self.started)}")
             await asyncio.sleep(0.01)
 
     async def _idle(self) -> bool:
-        return not self.started or await self.store.family_busy(self.started) == 0
+        return not self.started or await self.store.clock.family_busy(self.started) == 0
 
     async def _next_wake(self) -> float | None:
         """Seconds until the earliest pending wake or deadline of the family, or None."""
-        return await self.store.family_next_wake(self.started)
+        return await self.store.clock.family_next_wake(self.started)
 
     async def _shift(self, seconds: float) -> None:
         if self.started:
             if seconds > 0:
-                await self.store.shift_family_times(self.started, seconds)
+                await self.store.clock.shift_family_times(self.started, seconds)
             await LeaseReaper(self.store).run_once()  # deadlines now passed end at once
         self.skipped += timedelta(seconds=seconds)
 

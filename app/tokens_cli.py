@@ -88,7 +88,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
                 print("error: --name must be 1-200 characters", file=sys.stderr)
                 return 2
             token_id, token, digest = new_token()
-            await store.create_token(token_id, name=name, role=args.role, secret_sha256=digest,
+            await store.tokens.create_token(token_id, name=name, role=args.role, secret_sha256=digest,
                                      admissions_per_minute=args.admissions_per_minute,
                                      signals_per_minute=args.signals_per_minute)
             quotas = _describe({"admissions_per_minute": args.admissions_per_minute,
@@ -98,7 +98,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             print(token)
             return 0
         if args.tokens_command == "list":
-            rows = await store.list_tokens()
+            rows = await store.tokens.list_tokens()
             print(f"{'ID':<14}{'ROLE':<9}{'CREATED':<27}{'REVOKED':<27}NAME")
             for r in rows:
                 revoked = r["revoked_at"].isoformat(timespec="seconds") if r["revoked_at"] else "-"
@@ -108,10 +108,10 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         if args.tokens_command == "quota":
             changes = {column: getattr(args, column) for column, _ in QUOTAS
                        if getattr(args, column) is not UNCHANGED}
-            if changes and not await store.set_token_quotas(args.token, **changes):
+            if changes and not await store.tokens.set_token_quotas(args.token, **changes):
                 print(f"error: no live token with ID or name {args.token!r}", file=sys.stderr)
                 return 1
-            rows = [r for r in await store.list_tokens()
+            rows = [r for r in await store.tokens.list_tokens()
                     if args.token in (r["token_id"], r["name"]) and r["revoked_at"] is None]
             if not rows:
                 print(f"error: no live token with ID or name {args.token!r}", file=sys.stderr)
@@ -121,7 +121,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             if changes:
                 print("running APIs apply it within FENCEPOST_QUOTA_REFRESH_SECONDS (5 s by default)")
             return 0
-        count = await store.revoke_token(args.token)
+        count = await store.tokens.revoke_token(args.token)
         if not count:
             print(f"error: no live token with ID or name {args.token!r}", file=sys.stderr)
             return 1

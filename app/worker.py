@@ -236,7 +236,7 @@ class Worker:
                 except INFRASTRUCTURE_ERRORS:
                     pass
             try:
-                await self.store.worker_stopped(self.worker_id)
+                await self.store.workers.worker_stopped(self.worker_id)
             except INFRASTRUCTURE_ERRORS:
                 pass
             self.log.info("worker %s stopped", self.worker_id)
@@ -251,10 +251,10 @@ class Worker:
         A holder on this host whose process is gone is dead: its ID is free."""
         me = {"host": socket.gethostname(), "pid": os.getpid(),
               "workflows": sorted(self.workflows), "concurrency": self.concurrency}
-        holder = await self.store.register_worker(
+        holder = await self.store.workers.register_worker(
             self.worker_id, **me, live_within_seconds=3 * self.settings.renew_seconds + 1)
         if holder is not None and holder["host"] == me["host"] and not _pid_alive(holder["pid"]):
-            holder = await self.store.register_worker(self.worker_id, **me)
+            holder = await self.store.workers.register_worker(self.worker_id, **me)
         if holder is not None:
             raise ConfigurationError(
                 f"worker ID {self.worker_id!r} is already held by a live worker (host "
@@ -293,7 +293,7 @@ class Worker:
                 await asyncio.gather(running.finishing, return_exceptions=True)
                 continue
             try:
-                await self.store.release(running.lease)
+                await self.store.leases.release(running.lease)
                 METRICS.unacknowledged_deliveries.inc()
                 self.log.info("released %s (token %d) at shutdown", running.lease.execution_id,
                               running.lease.token, extra=_ids(running.lease))
@@ -320,7 +320,7 @@ class Worker:
             self._wakeup.clear()
             if free > 0:
                 try:
-                    deliveries = await self.store.claim_due(
+                    deliveries = await self.store.leases.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids,
                         cleanup_seconds,
                     )
@@ -351,7 +351,7 @@ class Worker:
         if not replays:
             return none_yet
         try:
-            return {**none_yet, **await self.store.steps(replays)}
+            return {**none_yet, **await self.store.history.steps(replays)}
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
@@ -432,7 +432,7 @@ class Worker:
         definition = self.workflows[delivery.workflow_id]
         if steps is None:
             try:
-                steps = (await self.store.steps([eid])).get(eid, {})
+                steps = (await self.store.history.steps([eid])).get(eid, {})
             except Exception as exc:
                 if not is_infrastructure(exc):
                     raise
@@ -566,21 +566,21 @@ class Worker:
         METRICS.deliveries.labels(self._workflow_of(lease), kind).inc()
         try:
             if kind == "retry":
-                settled = await self.store.release(lease, reason=error)
+                settled = await self.store.leases.release(lease, reason=error)
                 METRICS.unacknowledged_deliveries.inc()
                 self._ended(lease, "retry", error, settled)
                 return
             if kind == "park":
-                status = await self.store.park_outcome_unknown(lease, step_key)
+                status = await self.store.effects.park_outcome_unknown(lease, step_key)
                 self._ended(lease, "park", {"name": "OutcomeUnknown",
                                             "message": f"effect {step_key!r}"}, status)
                 return
             try:
-                ack = await self.store.acknowledge(lease, kind, result=result, error=error,
+                ack = await self.store.leases.acknowledge(lease, kind, result=result, error=error,
                                                    traceback=tb, waiting_on=_jsonable(waiting_on))
             except InvalidEvent as exc:
                 error = {"name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}"}
-                ack = await self.store.acknowledge(lease, "failed", error=error)
+                ack = await self.store.leases.acknowledge(lease, "failed", error=error)
             self._ended(lease, kind, error, ack.status)
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
@@ -610,10 +610,10 @@ class Worker:
                 pass
             held = {eid: r for eid, r in self._running.items() if not r.lost}
             try:
-                renewed, lost, interrupts = await self.control.renew_with_interrupts(
+                renewed, lost, interrupts = await self.control.leases.renew_with_interrupts(
                     [r.lease for r in held.values()], self.settings.lease_seconds
                 )
-                await self.control.heartbeat(self.worker_id)
+                await self.control.workers.heartbeat(self.worker_id)
                 backoff.reset()
                 interval = self.settings.renew_seconds
             except Exception as exc:

@@ -119,7 +119,7 @@ class TokenVerifier:
         return principal
 
     async def _lookup(self, token_id: str, secret: str) -> Principal | None:
-        row = await self.store.find_token(token_id)
+        row = await self.store.tokens.find_token(token_id)
         expected = row["secret_sha256"] if row else _digest("no such token")
         matches = hmac.compare_digest(expected, _digest(secret))
         if row is None or not matches:

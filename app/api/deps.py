@@ -32,4 +32,4 @@ async def live_workflows(store: ExecutionStore, settings: Settings,
     `no-worker`."""
     if not any((blocked_by(r, None) or {}).get("reason") == "due" for r in rows):
         return None
-    return await store.live_workflow_ids(3 * settings.renew_seconds + 1)
+    return await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)

@@ -155,7 +155,7 @@ def limiter(request: Request) -> QuotaLimiter:
     if found is None:
         settings = state.settings
         found = state.quotas = QuotaLimiter(
-            state.store.token_quotas,
+            state.store.tokens.token_quotas,
             refresh_seconds=settings.quota_refresh_seconds,
             processes=settings.api_processes,
         )

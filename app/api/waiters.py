@@ -149,7 +149,7 @@ class Waiters:
             if not ids:
                 continue
             try:
-                ended = await self.store.ended_among(ids)
+                ended = await self.store.history.ended_among(ids)
             except Exception as exc:  # noqa: BLE001 - the re-check must outlive any failure
                 log.warning("waiters: re-check failed (%s); trying again", exc)
                 continue

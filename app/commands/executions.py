@@ -60,9 +60,9 @@ async def _end(store, execution_id: str, by: str, wording: Wording, *, terminate
     check_execution_id(execution_id, wording)
     what = "terminate" if terminate else "cancel"
     if terminate:
-        answer, status = await store.terminate(execution_id, by)
+        answer, status = await store.operator.terminate(execution_id, by)
     else:
-        answer, status = await store.request_cancel(execution_id, by)
+        answer, status = await store.operator.request_cancel(execution_id, by)
     operator_action(what, by=by, result=answer, execution_id=execution_id)
     if answer == "not_found":
         raise execution_not_found(execution_id, wording)
@@ -91,7 +91,7 @@ async def wake(store, execution_id: str, at: datetime | None = None, *,
     execution has ended. `owner`: only an execution that token admitted."""
     check_execution_id(execution_id, wording)
     check_wake_time(at)
-    answer = await store.request_wake(execution_id, at, owner=owner)
+    answer = await store.operator.request_wake(execution_id, at, owner=owner)
     if answer == "not_found":
         raise execution_not_found(execution_id, wording)
     return answer
@@ -100,7 +100,7 @@ async def wake(store, execution_id: str, at: datetime | None = None, *,
 async def resume(store, execution_id: str, by: str, wording: Wording = API) -> Done:
     """Make an execution parked as poison due again (its counter is kept)."""
     check_execution_id(execution_id, wording)
-    answer, status = await store.resume(execution_id, by)
+    answer, status = await store.operator.resume(execution_id, by)
     operator_action("resume", by=by, result=answer, execution_id=execution_id)
     if answer == "not_found":
         raise execution_not_found(execution_id, wording)
@@ -146,7 +146,7 @@ async def resolve(store, execution_id: str, step_key: str, action: str, by: str,
     check_execution_id(step_key, wording)
     check_resolution(action, result, error)
     try:
-        answer, status = await store.resolve_step(
+        answer, status = await store.operator.resolve_step(
             execution_id, step_key, action, by=by,
             result=None if result is NO_RESULT else result,
             error=dict(error) if error is not None else None)
@@ -187,7 +187,7 @@ async def signal(store, execution_id: str, name: str, payload: Any, principal, *
     """Store the signal with its sender and request a wake, or nothing."""
     check_execution_id(execution_id, wording)
     try:
-        answer, detail = await store.send_signal(
+        answer, detail = await store.signals.send_signal(
             execution_id, name, payload,
             sender=sender_of(principal),
             owner=principal.token_id if principal.owns_only() else None,

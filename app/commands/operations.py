@@ -33,7 +33,7 @@ async def start_operation(store, action: str, spec: dict[str, Any], by: str, *,
         raise CommandError(422, "INVALID_REQUEST", f"action: one of {', '.join(ACTIONS)}")
     if not spec:
         raise CommandError(422, "INVALID_REQUEST", "filter: give at least one condition")
-    record = await store.create_operation(action, spec, by=by, options=options, reason=reason,
+    record = await store.operations.create_operation(action, spec, by=by, options=options, reason=reason,
                                           max_matched=max_matched)
     if record is None:
         raise CommandError(
@@ -47,7 +47,7 @@ async def start_operation(store, action: str, spec: dict[str, Any], by: str, *,
 async def stop_operation(store, operation_id: str, by: str) -> dict:
     """Stop a running operation: items not yet carried out are never acted on."""
     check_operation_id(operation_id)
-    answer, record = await store.cancel_operation(operation_id, by)
+    answer, record = await store.operations.cancel_operation(operation_id, by)
     if answer == "not_found":
         raise operation_not_found(operation_id)
     if answer == "finished":

@@ -80,12 +80,12 @@ async def redrive(store, execution_id: str, by: str, *, from_step: str | None = 
         if deadline.tzinfo is None:
             raise CommandError(422, "INVALID_REQUEST", "deadline: give a time zone offset "
                                "(for example 2026-01-01T00:00:00Z)")
-        passed, now = await store.deadline_passed(deadline)
+        passed, now = await store.clock.deadline_passed(deadline)
         if passed:
             raise CommandError(422, "DEADLINE_IN_THE_PAST",
                                f"deadline {deadline.isoformat()} is at or before now "
                                f"({now.isoformat()}, database clock); nothing was redriven")
-    answer, detail = await store.redrive(
+    answer, detail = await store.redrives.redrive(
         execution_id, by, from_step=from_step, deadline=deadline,
         timeout_seconds=timeout_seconds, reason=reason, owner=owner)
     if answer == "not_found":
@@ -109,7 +109,7 @@ async def fork(store, execution_id: str, by: str, *, from_step: str, new_id: str
     source's. New params are checked against the workflow's model when its
     definition is known; a source whose workflow is not known forks as is."""
     check_execution_id(execution_id, wording)
-    record = await store.get(execution_id, owner=owner)
+    record = await store.history.get(execution_id, owner=owner)
     if record is None:
         raise execution_not_found(execution_id, wording)
     definition = (workflows or {}).get(record["workflow_id"])
@@ -118,7 +118,7 @@ async def fork(store, execution_id: str, by: str, *, from_step: str, new_id: str
                      params if params is not None else record["params"])
     new_id = new_id or fork_id(execution_id)
     try:
-        answer, detail = await store.fork(
+        answer, detail = await store.redrives.fork(
             execution_id, by, from_step=from_step, new_id=new_id, params=params, owner=owner,
             admitted_by=admitted_by,
             timeout_seconds=definition.timeout_seconds if definition is not None else None)
@@ -131,6 +131,6 @@ async def fork(store, execution_id: str, by: str, *, from_step: str, new_id: str
         raise step_not_found(execution_id, from_step, wording)
     if answer == "conflict":
         raise CommandError(409, "EXECUTION_ID_CONFLICT", sentence(
-            f"execution ID {new_id!r} is taken ({detail['status']})", wording.other_fork_id),
-            executionId=new_id, **detail)
+            f"execution ID {new_id!r} is taken ({detail.status})", wording.other_fork_id),
+            executionId=new_id, status=detail.status, workflowId=detail.workflow_id)
     return detail

@@ -24,7 +24,7 @@ def check_schedule_id(schedule_id: str) -> None:
 async def set_paused(store, schedule_id: str, paused: bool, by: str) -> dict:
     """Pause (no slot fires) or resume (slots after now fire); the schedule."""
     check_schedule_id(schedule_id)
-    row = await store.set_schedule_paused(schedule_id, paused, by=by)
+    row = await store.schedules.set_schedule_paused(schedule_id, paused, by=by)
     operator_action("pause" if paused else "resume", by=by,
                     result="not_found" if row is None else "done", schedule_id=schedule_id)
     if row is None:
@@ -35,7 +35,7 @@ async def set_paused(store, schedule_id: str, paused: bool, by: str) -> dict:
 async def delete(store, schedule_id: str, by: str) -> None:
     """Delete the schedule and its events; the executions it admitted stay."""
     check_schedule_id(schedule_id)
-    deleted = await store.delete_schedule(schedule_id)
+    deleted = await store.schedules.delete_schedule(schedule_id)
     operator_action("delete", by=by, result="done" if deleted else "not_found",
                     schedule_id=schedule_id)
     if not deleted:

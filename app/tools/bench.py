@@ -246,7 +246,7 @@ async def _quota_cost(url: str, port: int, run: str, n: int, clients: int) -> di
         tokens = {}
         for side, quota in (("none", None), ("quota", 2_000_000_000)):
             token_id, token, digest = new_token()
-            await store.create_token(token_id, name=f"{run}-{side}", role="trigger",
+            await store.tokens.create_token(token_id, name=f"{run}-{side}", role="trigger",
                                      secret_sha256=digest, admissions_per_minute=quota)
             tokens[side] = token
     finally:

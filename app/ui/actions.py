@@ -63,7 +63,7 @@ async def resolve(request: Request, execution_id: str) -> Response:
     res = resolution(form, request)
     effect = None
     if not res.problems:
-        effects = await request.app.state.store.outcome_unknown_effects(execution_id)
+        effects = await request.app.state.store.dashboard.outcome_unknown_effects(execution_id)
         effect = next((e for e in effects if e["step_key"] == res.step), None)
         if effect is None or row["status"] != "parked":
             raise commands.not_outcome_unknown(execution_id, res.step, row["status"], DASHBOARD)

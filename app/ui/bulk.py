@@ -41,7 +41,7 @@ async def _bulk_page(request: Request, session: Session, b: BulkForm, *,
     live_ids = await live(request)
     return render(request, "operations.html", {
         "b": b, "counted": counted, "actions": ACTION_WORDS,
-        "workflow_ids": sorted(set(await store.workflow_ids_seen()) | live_ids
+        "workflow_ids": sorted(set(await store.dashboard.workflow_ids_seen()) | live_ids
                                | set(request.app.state.workflows or {})),
         "limit": request.app.state.settings.max_operation_executions,
     }, session=session, status=status)
@@ -64,7 +64,7 @@ async def operations_post(request: Request) -> Response:
     store = request.app.state.store
     if form.get("do") != "start":
         return await _bulk_page(request, session, b,
-                                counted=await store.preview_operation(b.spec))
+                                counted=await store.operations.preview_operation(b.spec))
     record = await start_operation(
         store, b.action, b.spec, session.actor, options=b.options, reason=b.reason,
         max_matched=request.app.state.settings.max_operation_executions, wording=DASHBOARD)
@@ -74,7 +74,7 @@ async def operations_post(request: Request) -> Response:
 async def _operation(request: Request, operation_id: str) -> dict:
     record = None
     if OPERATION_ID.fullmatch(operation_id):
-        record = await request.app.state.store.get_operation(operation_id)
+        record = await request.app.state.store.operations.get_operation(operation_id)
     if record is None:
         raise operation_not_found(operation_id, START_ONE)
     return record
@@ -85,7 +85,7 @@ async def operation_page(request: Request, operation_id: str) -> Response:
     session = await viewer(request, need="operate")
     op = await _operation(request, operation_id)
     return render(request, "operation.html", {
-        "op": op, "now": await request.app.state.store.db_now(), "actions": ACTION_WORDS,
+        "op": op, "now": await request.app.state.store.clock.db_now(), "actions": ACTION_WORDS,
         "refresh": 2 if op["status"] == "running" else None,
         "notice": "Stopped: what was done stays done; the rest is not acted on."
         if request.query_params.get("done") == "stopped" else None,

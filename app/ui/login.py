@@ -93,7 +93,7 @@ async def login(request: Request) -> Response:
         }, session=None, status=403)
     settings = request.app.state.settings
     session_id = secrets.token_urlsafe(32)
-    if principal is None or not await request.app.state.store.create_ui_session(
+    if principal is None or not await request.app.state.store.sessions.create_ui_session(
             session_digest(session_id), principal.token_id, settings.session_seconds):
         return render(request, "login.html", {
             "next": next_url, "notice": None, "insecure": insecure,
@@ -116,7 +116,7 @@ async def logout(request: Request) -> Response:
         raise UIError(403, "CROSS_SITE_REQUEST", "sign out from the dashboard itself")
     session_id = request.cookies.get(SESSION_COOKIE, "")
     if request.app.state.settings.auth != "disabled" and SESSION_ID.fullmatch(session_id):
-        await request.app.state.store.end_ui_session(session_digest(session_id))
+        await request.app.state.store.sessions.end_ui_session(session_digest(session_id))
     response = RedirectResponse("/ui/login?reason=signed-out", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/ui", httponly=True, samesite="strict",
                            secure=secure_cookies(request))

@@ -53,12 +53,12 @@ def check_id(execution_id: str, session: Session) -> None:
 
 async def live(request: Request) -> set[str]:
     settings = request.app.state.settings
-    return await request.app.state.store.live_workflow_ids(3 * settings.renew_seconds + 1)
+    return await request.app.state.store.history.live_workflow_ids(3 * settings.renew_seconds + 1)
 
 
 async def record(request: Request, execution_id: str, session: Session) -> tuple[dict, set[str]]:
     check_id(execution_id, session)
-    row = await request.app.state.store.get(execution_id)
+    row = await request.app.state.store.history.get(execution_id)
     if row is None:
         raise not_found(execution_id, session)
     return row, await live(request)
@@ -67,7 +67,7 @@ async def record(request: Request, execution_id: str, session: Session) -> tuple
 async def recorded_steps(request: Request, execution_id: str) -> list[dict]:
     """The steps in the record (not effects in doubt, not superseded ones), in
     recorded order: the choices for fromStep."""
-    rows = await request.app.state.store.execution_steps_page(
+    rows = await request.app.state.store.history.execution_steps_page(
         execution_id, include_values=False, limit=STEPS_SHOWN + 1) or []
     return [s for s in rows if s["grp"] == 0]
 
@@ -92,14 +92,14 @@ async def executions_page(request: Request) -> Response:
     session = await viewer(request)
     store = request.app.state.store
     f = filters(request)
-    counts = await store.status_counts()
-    now, activity = await store.activity_per_minute(60)
+    counts = await store.dashboard.status_counts()
+    now, activity = await store.dashboard.activity_per_minute(60)
     live_ids = await live(request)
-    workflow_ids = sorted(set(await store.workflow_ids_seen()) | live_ids)
+    workflow_ids = sorted(set(await store.dashboard.workflow_ids_seen()) | live_ids)
     rows: list[dict] = []
     total = 0
     if not f.problems:
-        rows, total = await store.ui_list(
+        rows, total = await store.dashboard.ui_list(
             live_workflows=live_ids, status=f.status, workflow_id=f.workflow_id,
             min_unacknowledged_deliveries=f.min_unacked, blocked_by=f.blocked_by,
             admitted_from=f.admitted_from, admitted_to=f.admitted_to, sort=f.sort,
@@ -131,13 +131,13 @@ async def execution_page(request: Request, execution_id: str) -> Response:
     after_raw = request.query_params.get("eventsAfter", "0")
     problems: list[str] = []
     after = whole_number("eventsAfter", after_raw, 0, 2**63 - 1, problems) or 0
-    events = await store.events_page(execution_id, after=after, limit=EVENTS_PER_PAGE + 1)
+    events = await store.history.events_page(execution_id, after=after, limit=EVENTS_PER_PAGE + 1)
     more_events = len(events) > EVENTS_PER_PAGE
     events = events[:EVENTS_PER_PAGE]
     # Recorded steps, effects in doubt, then the steps redrives superseded.
-    steps = await store.execution_steps_page(
+    steps = await store.history.execution_steps_page(
         execution_id, include_values=True, limit=STEPS_SHOWN + 1) or []
-    unknown = await store.outcome_unknown_effects(execution_id)
+    unknown = await store.dashboard.outcome_unknown_effects(execution_id)
     blocked = blocked_by(row, live_ids)
     done = request.query_params.get("done", "")
     notice = DONE_MESSAGES.get(done)
@@ -153,7 +153,7 @@ async def execution_page(request: Request, execution_id: str) -> Response:
         "recorded_steps": any(s["grp"] == 0 for s in steps),
         "events": events, "more_events": more_events, "events_after": after,
         "next_after": events[-1]["event_id"] if events else after,
-        "late": await store.late_observations(execution_id),
+        "late": await store.history.late_observations(execution_id),
         "unknown": unknown if row["status"] == "parked" else [],
         "notice": notice, "problems": problems,
         "workers_live": row["workflow_id"] in live_ids,
@@ -179,11 +179,11 @@ async def _applied_poison_threshold(request: Request) -> int:
     """The poison threshold every process applies: the stored shared value
     (each api and worker refuses to start with another), this process's own
     only while none is stored yet."""
-    stored = await request.app.state.store.shared_settings()
+    stored = await request.app.state.store.settings.shared_settings()
     row = stored.get("max_unacknowledged_deliveries")
     if row is None:
         return request.app.state.settings.max_unacknowledged_deliveries
-    return int(row["value"])
+    return int(row.value)
 
 
 # ------------------------------------------------------ confirmation pages
@@ -265,9 +265,9 @@ async def workers_page(request: Request) -> Response:
     store = request.app.state.store
     settings = request.app.state.settings
     stale = 3 * settings.renew_seconds + 1
-    workers = await store.list_workers(stale_after_seconds=stale)
-    leases = await store.leases_by_owner()
-    now = await store.db_now()
+    workers = await store.workers.list_workers(stale_after_seconds=stale)
+    leases = await store.dashboard.leases_by_owner()
+    now = await store.clock.db_now()
     return render(request, "workers.html", {
         "workers": workers, "leases": leases, "now": now, "stale": stale,
         "alive": sum(1 for w in workers if w["alive"]),

@@ -88,7 +88,7 @@ async def viewer(request: Request, *, need: str = "read") -> Session:
             raise LoginRequired(next_url)
         if not SESSION_ID.fullmatch(session_id):  # not one we issued: no query
             raise LoginRequired(next_url, "unknown")
-        state, row = await request.app.state.store.find_ui_session(session_digest(session_id))
+        state, row = await request.app.state.store.sessions.find_ui_session(session_digest(session_id))
         if row is None:
             raise LoginRequired(next_url, state)
         session = Session(principal_of(row), True, csrf_of(session_id))

@@ -148,7 +148,7 @@ class Harness:
     # ---------------------------------------------------------------- workflows
 
     async def admit(self, execution_id: str, params: dict, workflow_id: str = "acc-steps") -> None:
-        answer = await self.store.admit(workflow_id=workflow_id, params=params,
+        answer = await self.store.admissions.admit(workflow_id=workflow_id, params=params,
                                         execution_id=execution_id)
         assert getattr(answer, "status", None) == "admitted", answer
 
@@ -172,7 +172,7 @@ class Harness:
 
     async def record(self, eid: str) -> dict:
         """The healed record, as GET /v1/executions/{id} reports it."""
-        rec = await self.store.get(eid)
+        rec = await self.store.history.get(eid)
         assert rec is not None, f"no execution {eid}"
         return rec
 
@@ -189,10 +189,10 @@ class Harness:
         return [dict(r) for r in rows]
 
     async def events(self, eid: str) -> list[dict]:
-        return await self.store.events(eid)
+        return await self.store.history.events(eid)
 
     async def late_observations(self, eid: str) -> list[dict]:
-        return await self.store.late_observations(eid)
+        return await self.store.history.late_observations(eid)
 
     async def statuses(self, eids: list[str]) -> dict[str, str]:
         rows = await self.pool.fetch(

@@ -46,7 +46,7 @@ def store_settings(auth_settings: Settings) -> Settings:
 def make_token(store: ExecutionStore) -> Callable:
     async def _make(role: str, name: str) -> str:
         token_id, token, digest = new_token()
-        await store.create_token(token_id, name=name, role=role, secret_sha256=digest)
+        await store.tokens.create_token(token_id, name=name, role=role, secret_sha256=digest)
         return token
 
     return _make

@@ -74,7 +74,7 @@ def assert_unauthenticated(r: httpx.Response) -> None:
 async def admitted(store: ExecutionStore, eid: str, owner_token: str | None = None,
                    workflow_id: str = "wf", **kw) -> str:
     token_id = owner_token.split("_")[1] if owner_token else None
-    answer = await store.admit(workflow_id=workflow_id, params={}, execution_id=eid,
+    answer = await store.admissions.admit(workflow_id=workflow_id, params={}, execution_id=eid,
                                admitted_by=token_id, **kw)
     assert isinstance(answer, Admitted), answer
     return eid
@@ -176,7 +176,7 @@ async def test_revocation_takes_effect_within_the_cache_window(api, store, make_
     monkeypatch.setattr(auth_module, "AUTH_CACHE_SECONDS", 0.3)
     token = await make_token("read", "soon-gone")
     assert (await api.get("/v1/executions", headers=headers(token))).status_code == 200
-    assert await store.revoke_token("soon-gone") == 1
+    assert await store.tokens.revoke_token("soon-gone") == 1
     await asyncio.sleep(0.4)  # past the 0.3 s cache window: the passing time is the subject
     assert_unauthenticated(await api.get("/v1/executions", headers=headers(token)))
 
@@ -185,7 +185,7 @@ async def test_revoked_token_is_refused_by_a_fresh_api_at_once(api, make_api, st
                                                                make_token) -> None:
     token = await make_token("operate", "ops")
     assert (await api.get("/v1/workers", headers=headers(token))).status_code == 200
-    await store.revoke_token(token.split("_")[1])
+    await store.tokens.revoke_token(token.split("_")[1])
     # The running API may accept it for at most AUTH_CACHE_SECONDS more; a new one never.
     fresh = await make_api()
     assert_unauthenticated(await fresh.get("/v1/workers", headers=headers(token)))
@@ -196,7 +196,7 @@ async def test_a_refusal_is_cached_no_longer_than_the_window(api, store, monkeyp
     monkeypatch.setattr(auth_module, "AUTH_CACHE_SECONDS", 0.3)
     token_id, token, digest = auth_module.new_token()
     assert_unauthenticated(await api.get("/v1/executions", headers=headers(token)))
-    await store.create_token(token_id, name="late", role="read", secret_sha256=digest)
+    await store.tokens.create_token(token_id, name="late", role="read", secret_sha256=digest)
     await asyncio.sleep(0.4)  # past the 0.3 s cache window: the passing time is the subject
     r = await api.get("/v1/executions", headers=headers(token))
     assert r.status_code == 200, r.text
@@ -327,18 +327,18 @@ async def _parked_poison(pool, settings: Settings, eid: str) -> None:
     store = ExecutionStore.from_settings(
         pool, settings.model_copy(update={"max_unacknowledged_deliveries": 1}))
     await admitted(store, eid, workflow_id=f"wf-{eid}")
-    [delivery] = await store.claim_due(1, 30, "w", [f"wf-{eid}"])
-    await store.release(delivery.lease)
-    assert (await store.get(eid))["status"] == "parked"
+    [delivery] = await store.leases.claim_due(1, 30, "w", [f"wf-{eid}"])
+    await store.leases.release(delivery.lease)
+    assert (await store.history.get(eid))["status"] == "parked"
 
 
 async def _parked_outcome_unknown(store: ExecutionStore, eid: str, step: str) -> None:
     await admitted(store, eid, workflow_id=f"wf-{eid}")
-    [delivery] = await store.claim_due(1, 30, "w", [f"wf-{eid}"])
-    await store.begin_effect(delivery.lease, step, idempotency_key=f"{eid}-{step}",
+    [delivery] = await store.leases.claim_due(1, 30, "w", [f"wf-{eid}"])
+    await store.effects.begin_effect(delivery.lease, step, idempotency_key=f"{eid}-{step}",
                              function_name="charge")
-    await store.park_outcome_unknown(delivery.lease, step)
-    assert (await store.get(eid))["parked_reason"] == "outcome_unknown"
+    await store.effects.park_outcome_unknown(delivery.lease, step)
+    assert (await store.history.get(eid))["parked_reason"] == "outcome_unknown"
 
 
 async def test_operator_decisions_are_recorded_as_the_tokens_name(api, store, pool,
@@ -416,12 +416,12 @@ async def test_auth_disabled_acts_as_anonymous_operator(settings, make_api) -> N
 async def test_a_trigger_token_redrives_and_forks_only_its_own(api, store, make_token) -> None:
     mine, theirs = await make_token("trigger", "shop"), await make_token("trigger", "other")
     eid = await admitted(store, "own-1", owner_token=theirs)
-    [d] = await store.claim_due(1, 30, "w")
-    await store.write_step(d.lease, "charge", value=1, function_name="f", attempts=1)
-    await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.steps.write_step(d.lease, "charge", value=1, function_name="f", attempts=1)
+    await store.leases.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
     for route in (REDRIVE, FORK):
         assert_error(await call(api, route, eid, mine), 404, "EXECUTION_NOT_FOUND")
-    assert (await store.get(eid))["status"] == "failed"
+    assert (await store.history.get(eid))["status"] == "failed"
     assert (await call(api, FORK, eid, theirs)).status_code == 201
     r = await call(api, REDRIVE, eid, theirs)
     assert r.status_code == 202 and r.json()["status"] == "admitted", r.text

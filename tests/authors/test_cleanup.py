@@ -63,7 +63,7 @@ async def test_cancelling_a_waiting_execution_runs_its_cleanup(
     # Suspending is not ending: no `except`/`finally:` step ran on the way out.
     assert h.calls(eid, "release") == [] and h.calls(eid, "audit") == []
 
-    answer, status = await h.store.request_cancel(eid, "alice")
+    answer, status = await h.store.operator.request_cancel(eid, "alice")
     assert answer == "requested", (answer, status)
     await h.wait_for(lambda: h.has_status(eid, "cancelled"), timeout=10, what="cancelled")
 
@@ -89,7 +89,7 @@ async def test_cancelling_a_parent_waiting_for_its_child_runs_the_parents_cleanu
     await h.wait_for(lambda: _suspended(h, child), timeout=10, what="child sleeping")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="parent waiting")
 
-    assert (await h.store.request_cancel(eid, "alice"))[0] == "requested"
+    assert (await h.store.operator.request_cancel(eid, "alice"))[0] == "requested"
     await h.wait_for(lambda: h.all_terminal([eid, child]), timeout=10, what="both ended")
     assert await h.statuses([eid, child]) == {eid: "cancelled", child: "cancelled"}
     assert len(h.calls(eid, "release")) == 1
@@ -101,7 +101,7 @@ async def test_cancel_wins_over_code_that_swallows_it_and_returns(harness: Harne
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-swallow")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    await h.store.request_cancel(eid, "alice")
+    await h.store.operator.request_cancel(eid, "alice")
     await h.wait_for(lambda: h.has_status(eid, "cancelled"), timeout=10, what="cancelled")
     assert len(h.calls(eid, "release")) == 1
     assert (await h.record(eid))["outcome"]["error"]["name"] == "Cancelled"
@@ -113,7 +113,7 @@ async def test_a_wait_inside_cleanup_raises_the_cancel_again(harness: Harness) -
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-wait-in-cleanup")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    await h.store.request_cancel(eid, "alice")
+    await h.store.operator.request_cancel(eid, "alice")
     await h.wait_for(lambda: h.has_status(eid, "cancelled"), timeout=10, what="cancelled")
     assert len(h.calls(eid, "release")) == 1
     assert "cool-down" not in await _step_keys(h, eid)
@@ -125,7 +125,7 @@ async def test_cleanup_that_never_returns_is_bounded_by_the_grace(harness: Harne
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-hung-cleanup")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    await h.store.request_cancel(eid, "alice")
+    await h.store.operator.request_cancel(eid, "alice")
     requested = await h.pool.fetchval(
         "SELECT cancel_requested_at FROM executions WHERE execution_id = $1", eid)
     await h.wait_for(lambda: h.started(eid, "hang"), timeout=10, what="cleanup hangs")
@@ -143,7 +143,7 @@ async def test_no_grace_means_no_cleanup_delivery(harness: Harness) -> None:
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-no-grace")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    answer, status = await h.store.request_cancel(eid, "alice")
+    answer, status = await h.store.operator.request_cancel(eid, "alice")
     assert (answer, status) == ("cancelled", "cancelled")
     await asyncio.sleep(1.0)  # room for a (wrong) cleanup delivery
     assert h.calls(eid, "release") == []
@@ -153,7 +153,7 @@ async def test_an_execution_that_never_ran_is_cancelled_at_once(harness: Harness
     h = harness
     eid = "cancel-never-ran"
     await h.admit(eid, {}, workflow_id="clean-approval")
-    answer, status = await h.store.request_cancel(eid, "alice")
+    answer, status = await h.store.operator.request_cancel(eid, "alice")
     assert (answer, status) == ("cancelled", "cancelled")
     await h.start_worker("A", concurrency=2)
     await asyncio.sleep(1.0)  # a few polls: nothing to deliver
@@ -166,7 +166,7 @@ async def test_terminate_stops_a_waiting_execution_with_no_code_run(harness: Har
     await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-approval")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    answer, status = await h.store.terminate(eid, "ops")
+    answer, status = await h.store.operator.terminate(eid, "ops")
     assert (answer, status) == ("cancelled", "cancelled")
     await asyncio.sleep(1.0)  # room for a (wrong) cleanup delivery
     assert h.calls(eid, "release") == [] and h.calls(eid, "audit") == []
@@ -183,9 +183,9 @@ async def test_terminate_stops_a_held_execution_and_its_cleanup_at_once(harness:
     a = await h.start_worker("A", concurrency=2)
     await h.admit(eid, {}, workflow_id="clean-hung-cleanup")
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
-    await h.store.request_cancel(eid, "alice")
+    await h.store.operator.request_cancel(eid, "alice")
     await h.wait_for(lambda: h.started(eid, "hang"), timeout=10, what="cleanup hangs")
-    answer, status = await h.store.terminate(eid, "ops")
+    answer, status = await h.store.operator.terminate(eid, "ops")
     assert (answer, status) == ("cancelled", "cancelled")
     await h.wait_for(lambda: "stopped" in a.log() or "lost at renewal" in a.log(),
                      timeout=10, what="the holder stops")
@@ -197,7 +197,7 @@ async def test_a_signal_wait_past_the_deadline_waits_until_the_deadline(harness:
     h = harness
     eid = "deadline-wait"
     await h.start_worker("A", concurrency=2)
-    await h.store.admit(workflow_id="clean-approval", params={"timeout": 60},
+    await h.store.admissions.admit(workflow_id="clean-approval", params={"timeout": 60},
                         execution_id=eid, timeout_seconds=3)
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="waiting")
     ended = await h.wait_for(lambda: _event_at(h, eid, "timed_out"), timeout=3 + 10,
@@ -216,7 +216,7 @@ async def test_a_sleep_past_the_deadline_runs_finally_at_the_deadline(harness: H
     h = harness
     eid = "deadline-sleep"
     await h.start_worker("A", concurrency=2)
-    await h.store.admit(workflow_id="clean-sleep", params={"seconds": 60},
+    await h.store.admissions.admit(workflow_id="clean-sleep", params={"seconds": 60},
                         execution_id=eid, timeout_seconds=3)
     await h.wait_for(lambda: _suspended(h, eid), timeout=10, what="sleeping")
     await h.wait_for(lambda: h.has_status(eid, "timed_out"), timeout=3 + 10, what="timed out")

@@ -56,7 +56,7 @@ async def test_repeated_keyless_signal_waits_get_a_sequence_of_keys(store, pool,
     await workers.start()
     eid = await admit(store, "author-items", "items-1", {"n": 3})
     for i in range(3):
-        answer, _ = await store.send_signal(eid, "item", {"i": i})
+        answer, _ = await store.signals.send_signal(eid, "item", {"i": i})
         assert answer == "received"
     record = await wait_status(store, eid, "completed", "failed", timeout=10)
     assert record["outcome"] == {"result": [{"i": 0}, {"i": 1}, {"i": 2}]}, record
@@ -83,7 +83,7 @@ async def test_failed_attempts_of_a_retried_step_are_kept(store, pool, workers):
     eid = await admit(store, "author-retried-step", "retried-1", {"fail_times": 2})
     record = await wait_status(store, eid, "completed", "failed", timeout=10)
     assert record["outcome"] == {"result": "ok after 3"}
-    attempts = await store.attempt_history(eid)
+    attempts = await store.history.attempt_history(eid)
     assert [(a["step_key"], a["attempt"], a["error"]["name"]) for a in attempts] == [
         ("call", 1, "ConnectionRefusedError"), ("call", 2, "ConnectionRefusedError")]
     assert "attempt 2" in attempts[1]["error"]["message"]
@@ -97,7 +97,7 @@ async def test_the_attempt_history_of_a_step_is_bounded(store, workers):
     eid = await admit(store, "author-retried-step", "retried-many",
                       {"fail_times": 100, "attempts": 30})
     await wait_status(store, eid, "completed", "failed", timeout=15)
-    attempts = await store.attempt_history(eid)
+    attempts = await store.history.attempt_history(eid)
     # 30 attempts, all failed: the step's failure is recorded; the history
     # keeps the last 20 failed attempts.
     assert [a["attempt"] for a in attempts] == list(range(11, 31))
@@ -113,7 +113,7 @@ async def test_retry_reasons_are_kept_and_named_when_the_execution_is_parked_as_
     released = await events_of(store, eid, "released")
     assert released and all(e["detail"]["reason"] == "the inventory service is in maintenance"
                             for e in released)
-    attempts = await store.attempt_history(eid)
+    attempts = await store.history.attempt_history(eid)
     assert attempts and all(a["step_key"] is None and a["error"]["name"] == "Retry"
                             for a in attempts)
     [parked] = await events_of(store, eid, "parked")
@@ -130,7 +130,7 @@ async def test_an_effect_retries_a_known_failure_with_the_same_key(store, pool, 
     record = await wait_status(store, eid, "completed", "failed", "parked", timeout=10)
     assert record["outcome"]["result"] == {"charged": True, "key": f"{eid}:charge"}, record
     assert keyflows.CALLS[f"keys:{eid}:{eid}:charge"] == 3  # one key, three calls
-    attempts = await store.attempt_history(eid)
+    attempts = await store.history.attempt_history(eid)
     assert [(a["step_key"], a["attempt"]) for a in attempts] == [("charge", 1), ("charge", 2)]
 
 

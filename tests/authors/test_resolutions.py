@@ -45,7 +45,7 @@ async def test_succeed_records_the_value_and_the_decider_in_the_event(
     [ev] = await events_of(store, eid, "resolved")
     assert ev["detail"] == {"stepKey": "charge", "action": "succeed", "by": "alice",
                             "result": value}, ev
-    steps = await store.steps([eid])
+    steps = await store.history.steps([eid])
     assert steps[eid]["charge"].status == "completed"
     assert steps[eid]["charge"].value == value
 

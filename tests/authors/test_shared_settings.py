@@ -153,7 +153,7 @@ async def test_the_first_writer_wins_when_two_start_at_once(pool: asyncpg.Pool) 
         await tx.start()
         await other.execute("INSERT INTO shared_settings (name, value) "
                             "VALUES ('lease_seconds', '7'::jsonb)")
-        mine = asyncio.create_task(store.store_shared_settings(
+        mine = asyncio.create_task(store.settings.store_shared_settings(
             {"lease_seconds": 1.0, "max_unacknowledged_deliveries": 4}))
 
         async def waiting() -> bool:
@@ -166,7 +166,7 @@ async def test_the_first_writer_wins_when_two_start_at_once(pool: asyncpg.Pool) 
         answer = await asyncio.wait_for(mine, 10)
     finally:
         await pool.release(other)
-    assert {k: v["value"] for k, v in answer.items()} == {
+    assert {k: v.value for k, v in answer.items()} == {
         "lease_seconds": 7, "max_unacknowledged_deliveries": 4}, answer
     assert await stored(pool) == {"lease_seconds": 7, "max_unacknowledged_deliveries": 4}
 
@@ -174,7 +174,7 @@ async def test_the_first_writer_wins_when_two_start_at_once(pool: asyncpg.Pool) 
 async def test_the_dashboard_shows_the_stored_threshold(
         database_url: str, pool: asyncpg.Pool) -> None:
     store = ExecutionStore(pool)
-    await store.admit(workflow_id="op-quick", params={}, execution_id="dash-1")
+    await store.admissions.admit(workflow_id="op-quick", params={}, execution_id="dash-1")
     settings = Settings(auth="disabled", database_url=database_url, workflows="",
                         max_unacknowledged_deliveries=25)
     app = create_app(settings)
@@ -183,6 +183,6 @@ async def test_the_dashboard_shows_the_stored_threshold(
                                      base_url="http://127.0.0.1") as c:
             page = (await c.get("/ui/executions/dash-1")).text
             assert "of 25 before it is parked as poison" in page  # none stored: its own
-            await store.store_shared_settings({"max_unacknowledged_deliveries": 3})
+            await store.settings.store_shared_settings({"max_unacknowledged_deliveries": 3})
             page = (await c.get("/ui/executions/dash-1")).text
             assert "of 3 before it is parked as poison" in page, page[-3000:]

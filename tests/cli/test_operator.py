@@ -25,7 +25,7 @@ REMOTE = "cli-remote"
 
 
 async def admitted(store: ExecutionStore, eid: str, workflow_id: str = REMOTE) -> str:
-    answer = await store.admit(workflow_id=workflow_id, params={}, execution_id=eid)
+    answer = await store.admissions.admit(workflow_id=workflow_id, params={}, execution_id=eid)
     assert isinstance(answer, Admitted), answer
     return eid
 
@@ -33,10 +33,10 @@ async def admitted(store: ExecutionStore, eid: str, workflow_id: str = REMOTE) -
 async def parked_effect(store: ExecutionStore, eid: str) -> None:
     """Parked with step `charge` outcome_unknown (an effect begun, never answered)."""
     await admitted(store, eid)
-    [d] = await store.claim_due(1, 30, "w", [REMOTE])
-    await store.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
+    [d] = await store.leases.claim_due(1, 30, "w", [REMOTE])
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
                              function_name="remote_charge")
-    assert await store.park_outcome_unknown(d.lease, "charge") == "parked"
+    assert await store.effects.park_outcome_unknown(d.lease, "charge") == "parked"
 
 
 async def parked_poison(pool, eid: str) -> None:
@@ -44,9 +44,9 @@ async def parked_poison(pool, eid: str) -> None:
     store = ExecutionStore(pool, redelivery_base_seconds=0.001, redelivery_cap_seconds=0.001,
                            max_unacknowledged_deliveries=1)
     await admitted(store, eid, "cli-poison")  # its own workflow: no other is claimed
-    [d] = await store.claim_due(1, 30, "w", ["cli-poison"])
-    await store.release(d.lease)
-    assert (await store.get(eid))["status"] == "parked"
+    [d] = await store.leases.claim_due(1, 30, "w", ["cli-poison"])
+    await store.leases.release(d.lease)
+    assert (await store.history.get(eid))["status"] == "parked"
 
 
 async def events(server, eid: str) -> list[dict]:
@@ -162,7 +162,7 @@ async def test_token_and_url_from_the_environment_and_flags(make_server, cli_set
     tokens = {}
     for role in ("read", "operate"):
         token_id, tokens[role], digest = new_token()
-        await store.create_token(token_id, name=f"cli-{role}", role=role, secret_sha256=digest)
+        await store.tokens.create_token(token_id, name=f"cli-{role}", role=role, secret_sha256=digest)
     await admitted(store, "guarded")
 
     run = await fencepost("executions", "get", "guarded", url=secured.base)

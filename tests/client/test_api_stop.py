@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 async def test_sigterm_with_a_long_poll_waiting_exits_within_the_grace(
         database_url, pool, tmp_path) -> None:
-    await ExecutionStore(pool).admit(workflow_id="never-runs", params={}, execution_id="w-1")
+    await ExecutionStore(pool).admissions.admit(workflow_id="never-runs", params={}, execution_id="w-1")
     api = ApiProcess(database_url, tmp_path, env={"FENCEPOST_AUTH": "disabled"})
     try:
         await api.wait_ready()

@@ -84,10 +84,10 @@ async def test_concurrent_identical_starts_make_one_execution(server, pool):
 async def test_a_retired_id_stays_a_conflict(server, store, pool):
     async with server.client() as http:
         assert (await http.post("/v1/executions", json=admission("order-old"))).status_code == 201
-        await store.request_cancel("order-old", "test")
+        await store.operator.request_cancel("order-old", "test")
         await pool.execute("UPDATE executions SET updated_at = now() - interval '1 day' "
                            "WHERE execution_id = 'order-old'")
-        assert await store.prune_terminal(older_than_seconds=60, limit=10) == 1
+        assert await store.history.prune_terminal(older_than_seconds=60, limit=10) == 1
         again = await http.post("/v1/executions", json=admission("order-old", ifExists="return"))
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "EXECUTION_ID_CONFLICT"
@@ -104,7 +104,7 @@ async def test_another_tenants_execution_is_not_returned(make_server, client_set
     secrets = {}
     for name in ("tenant-a", "tenant-b"):
         token_id, token, digest = new_token()
-        await store.create_token(token_id, name=name, role="trigger", secret_sha256=digest)
+        await store.tokens.create_token(token_id, name=name, role="trigger", secret_sha256=digest)
         secrets[name] = token
     srv = await make_server(client_settings.model_copy(update={"auth": "enabled"}), flows)
     async with (AsyncClient(srv.base, token=secrets["tenant-a"]) as a,

@@ -21,7 +21,7 @@ from tests.support.waiting import wait_until
 async def admit_many(store, n: int, prefix: str) -> list[str]:
     ids = [f"{prefix}-{i}" for i in range(n)]
     for start in range(0, n, 100):
-        await asyncio.gather(*(store.admit(workflow_id="never-runs", params={}, execution_id=eid)
+        await asyncio.gather(*(store.admissions.admit(workflow_id="never-runs", params={}, execution_id=eid)
                                for eid in ids[start:start + 100]))
     return ids
 
@@ -47,7 +47,7 @@ async def test_a_thousand_waiters_hold_a_handful_of_connections_and_all_return(
 
         started = time.monotonic()
         for start in range(0, 1000, 100):
-            await asyncio.gather(*(store.request_cancel(eid, "test") for eid in ids[start:start + 100]))
+            await asyncio.gather(*(store.operator.request_cancel(eid, "test") for eid in ids[start:start + 100]))
         answers = await asyncio.wait_for(asyncio.gather(*calls), 30)
         elapsed = time.monotonic() - started
     print(f"1000 waiters: backends while waiting {backends}; all answered {elapsed:.2f} s "
@@ -60,7 +60,7 @@ async def test_a_thousand_waiters_hold_a_handful_of_connections_and_all_return(
 
 async def test_a_waiter_on_an_execution_that_does_not_end_gets_its_record_after_n_seconds(
         server, store):
-    await store.admit(workflow_id="never-runs", params={"n": 1}, execution_id="stays")
+    await store.admissions.admit(workflow_id="never-runs", params={"n": 1}, execution_id="stays")
     async with server.client() as http:
         started = time.monotonic()
         answer = await http.get("/v1/executions/stays", params={"waitSeconds": 1.5})
@@ -73,8 +73,8 @@ async def test_a_waiter_on_an_execution_that_does_not_end_gets_its_record_after_
 
 
 async def test_a_terminal_execution_is_answered_at_once_and_a_missing_one_is_404(server, store):
-    await store.admit(workflow_id="never-runs", params={}, execution_id="done-already")
-    await store.request_cancel("done-already", "test")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="done-already")
+    await store.operator.request_cancel("done-already", "test")
     async with server.client() as http:
         started = time.monotonic()
         answer = await http.get("/v1/executions/done-already", params={"waitSeconds": 30})
@@ -88,7 +88,7 @@ async def test_a_terminal_execution_is_answered_at_once_and_a_missing_one_is_404
 
 @pytest.mark.parametrize("value", ["-1", "61", "abc", "nan", "inf", ""])
 async def test_wait_seconds_out_of_range_or_malformed_is_invalid_request(server, store, value):
-    await store.admit(workflow_id="never-runs", params={}, execution_id="x")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="x")
     async with server.client() as http:
         answer = await http.get(f"/v1/executions/x?waitSeconds={value}")
     assert answer.status_code == 422, answer.text
@@ -98,7 +98,7 @@ async def test_wait_seconds_out_of_range_or_malformed_is_invalid_request(server,
 
 async def test_a_notification_ends_the_wait_without_the_recheck(server, store, pool):
     server.app.state.waiters.recheck_seconds = 120  # only the notification can end it in time
-    await store.admit(workflow_id="never-runs", params={}, execution_id="notified")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="notified")
     async with server.client() as http:
         call = asyncio.create_task(http.get("/v1/executions/notified",
                                             params={"waitSeconds": 60}))
@@ -107,7 +107,7 @@ async def test_a_notification_ends_the_wait_without_the_recheck(server, store, p
             return server.app.state.waiters.count == 1
         await wait_until(waiting, timeout=20.0, what="the waiter", interval=0.05)
         started = time.monotonic()
-        await store.request_cancel("notified", "test")
+        await store.operator.request_cancel("notified", "test")
         answer = await asyncio.wait_for(call, 10)
     assert answer.json()["status"] == "cancelled"
     assert time.monotonic() - started < 5
@@ -119,7 +119,7 @@ async def test_a_notification_alone_wakes_a_waiter_which_then_reads_the_record(
     execution ID makes it re-read (here the record is unchanged: not ended,
     so it keeps answering with the current record)."""
     server.app.state.waiters.recheck_seconds = 120
-    await store.admit(workflow_id="never-runs", params={}, execution_id="poked")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="poked")
     async with server.client() as http:
         call = asyncio.create_task(http.get("/v1/executions/poked", params={"waitSeconds": 60}))
 
@@ -141,7 +141,7 @@ async def test_the_waiter_survives_its_listening_connection_dying(
     async def listening():
         return waiters.connects >= 1
     await wait_until(listening, timeout=20.0, what="the listening connection", interval=0.05)
-    await store.admit(workflow_id="never-runs", params={}, execution_id="survivor")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="survivor")
     async with server.client() as http:
         call = asyncio.create_task(http.get("/v1/executions/survivor",
                                             params={"waitSeconds": 60}))
@@ -155,7 +155,7 @@ async def test_the_waiter_survives_its_listening_connection_dying(
             LISTENER_APPLICATION_NAME, urlsplit(database_url).path.lstrip("/"))
         assert killed >= 1
         # Ended while the listener is down or reconnecting: its notice may be lost.
-        await store.request_cancel("survivor", "test")
+        await store.operator.request_cancel("survivor", "test")
         answer = await asyncio.wait_for(call, 20)
     assert answer.json()["status"] == "cancelled"
     assert waiters.connects >= 2
@@ -164,7 +164,7 @@ async def test_the_waiter_survives_its_listening_connection_dying(
 
 
 async def test_a_client_that_disconnects_frees_its_waiter(server, store):
-    await store.admit(workflow_id="never-runs", params={}, execution_id="abandoned")
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="abandoned")
     waiters = server.app.state.waiters
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(b"GET /v1/executions/abandoned?waitSeconds=60 HTTP/1.1\r\n"
@@ -183,7 +183,7 @@ async def test_a_client_that_disconnects_frees_its_waiter(server, store):
 async def test_a_deadline_that_passes_ends_the_wait_without_any_write(server, store):
     """No process writes the end (no worker, no reaper): the record reads
     timed_out once its deadline passes, and the re-check finds it."""
-    await store.admit(workflow_id="never-runs", params={}, execution_id="late",
+    await store.admissions.admit(workflow_id="never-runs", params={}, execution_id="late",
                       timeout_seconds=1.0)
     async with server.client() as http:
         started = time.monotonic()

@@ -29,7 +29,7 @@ async def refused(awaitable, status: int, code: str) -> CommandError:
 
 async def ended(store: ExecutionStore, execution_id: str) -> str:
     await admit(store, "cmd-wait", execution_id)
-    await store.terminate(execution_id, "setup")
+    await store.operator.terminate(execution_id, "setup")
     return execution_id
 
 

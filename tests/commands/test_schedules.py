@@ -26,14 +26,14 @@ async def test_deleting_a_missing_schedule_is_not_found(store) -> None:
 
 async def test_a_schedule_is_paused_resumed_and_deleted_with_who_did_it(store, caplog) -> None:
     caplog.set_level(logging.INFO)
-    created, _ = await store.create_schedule(
+    created, _ = await store.schedules.create_schedule(
         schedule_id="nightly", workflow_id="cmd-done", cron="0 3 * * *", timezone="UTC",
         params={}, catch_up=1, by="alice")
     assert created
     assert (await schedules.set_paused(store, "nightly", True, "alice"))["paused"] is True
     assert (await schedules.set_paused(store, "nightly", False, "bob"))["paused"] is False
     await schedules.delete(store, "nightly", "carol")
-    assert await store.get_schedule("nightly") is None
+    assert await store.schedules.get_schedule("nightly") is None
     assert [(r.action, r.by, r.result) for r in caplog.records
             if getattr(r, "kind", None) == "operator_action"] == [
         ("pause", "alice", "done"), ("resume", "bob", "done"), ("delete", "carol", "done")]

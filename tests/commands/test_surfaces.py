@@ -20,7 +20,7 @@ async def test_a_terminate_from_the_dashboard_is_logged_like_one_from_the_api(
         store: ExecutionStore, api: httpx.AsyncClient, caplog) -> None:
     caplog.set_level(logging.INFO)
     for eid in ("by-api", "by-ui"):
-        assert isinstance(await store.admit(workflow_id="cmd-wait", params={},
+        assert isinstance(await store.admissions.admit(workflow_id="cmd-wait", params={},
                                             execution_id=eid), Admitted)
     r = await api.post("/v1/executions/by-api/terminate", json={"by": "anonymous"})
     assert r.status_code == 202, r.text

@@ -12,7 +12,7 @@ TERMINAL = ("completed", "failed", "cancelled", "timed_out")
 
 async def claim_one(store: ExecutionStore, workflow_id: str, owner: str,
                     lease_seconds: float = 30.0) -> Delivery:
-    deliveries = await store.claim_due(1, lease_seconds, owner, [workflow_id])
+    deliveries = await store.leases.claim_due(1, lease_seconds, owner, [workflow_id])
     assert len(deliveries) == 1, f"nothing of {workflow_id} to claim"
     return deliveries[0]
 

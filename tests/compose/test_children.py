@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from app.store import ExecutionStore, LeaseLost
+from app.store import ChildExecution, ExecutionStore, LeaseLost
 from tests.compose import flows
 from tests.compose.helpers import children_rows, claim_one, expire_lease
 from tests.support.admission import admit
@@ -31,7 +31,7 @@ async def lock_waiters(pool, n: int) -> bool:
 
 
 async def waiting_on(store: ExecutionStore, parent_id: str, child_id: str) -> dict | None:
-    record = await store.get(parent_id)
+    record = await store.history.get(parent_id)
     ok = record["status"] == "suspended" and record["waiting_on"] == {"child": child_id}
     return record if ok else None
 
@@ -109,7 +109,7 @@ async def test_parent_wakes_when_its_child_is_cancelled_on_its_own(store, worker
     await wait_status(store, child_id, "suspended")
 
     # The child has run: it is delivered once more for its cleanup, then cancelled.
-    assert await store.request_cancel(child_id, "ops") == ("requested", "suspended")
+    assert await store.operator.request_cancel(child_id, "ops") == ("requested", "suspended")
     await wait_status(store, child_id, "cancelled")
     record = await wait_status(store, "par-cc", "completed", "failed", timeout=5)
 
@@ -123,8 +123,8 @@ async def test_a_childs_end_notifies_idle_workers_of_its_waking_parent(store: Ex
                                                                        pool, end):
     await admit(store, "cmp-store-parent", "p")
     lease = (await claim_one(store, "cmp-store-parent", "w")).lease
-    await store.start_child(lease, "c", workflow_id="cmp-store-child", params={}, child_id="p:c")
-    await store.acknowledge(lease, "suspended", waiting_on={"child": "p:c"})
+    await store.compose.start_child(lease, "c", workflow_id="cmp-store-child", params={}, child_id="p:c")
+    await store.leases.acknowledge(lease, "suspended", waiting_on={"child": "p:c"})
     if end == "completed":
         child = (await claim_one(store, "cmp-store-child", "w")).lease
     notified = asyncio.Event()
@@ -136,14 +136,14 @@ async def test_a_childs_end_notifies_idle_workers_of_its_waking_parent(store: Ex
         await listener.add_listener("fencepost_due", on_notify)
         try:
             if end == "completed":
-                await store.acknowledge(child, "completed", result=1)
+                await store.leases.acknowledge(child, "completed", result=1)
             elif end == "cancelled":
-                await store.request_cancel("p:c", "ops")
+                await store.operator.request_cancel("p:c", "ops")
             else:
                 await pool.execute("UPDATE executions SET deadline = now() - interval '1 second'"
                                    " WHERE execution_id = 'p:c'")
-                await store.sweep_interrupted()
-            assert (await store.get("p"))["due_at"] is not None  # the parent is due ...
+                await store.leases.sweep_interrupted()
+            assert (await store.history.get("p"))["due_at"] is not None  # the parent is due ...
             await asyncio.wait_for(notified.wait(), timeout=2)  # ... and workers are told
         finally:
             await listener.remove_listener("fencepost_due", on_notify)
@@ -157,28 +157,28 @@ async def test_a_childs_end_makes_its_parent_due_in_the_same_statement(store: Ex
     statement that ends the child makes it due (claimable at once)."""
     await admit(store, "cmp-store-parent", "p")
     lease = (await claim_one(store, "cmp-store-parent", "w")).lease
-    answer, _ = await store.start_child(lease, "c", workflow_id="cmp-store-child",
+    answer, _ = await store.compose.start_child(lease, "c", workflow_id="cmp-store-child",
                                         params={}, child_id="p:c")
     assert answer == "started"
-    await store.acknowledge(lease, "suspended", waiting_on={"child": "p:c"})
-    assert (await store.get("p"))["due_at"] is None
-    assert await store.claim_due(10, 30.0, "w", ["cmp-store-parent"]) == []
+    await store.leases.acknowledge(lease, "suspended", waiting_on={"child": "p:c"})
+    assert (await store.history.get("p"))["due_at"] is None
+    assert await store.leases.claim_due(10, 30.0, "w", ["cmp-store-parent"]) == []
 
     if end in ("completed", "failed"):
         child = (await claim_one(store, "cmp-store-child", "w")).lease
-        await store.acknowledge(child, end, result={"r": 1},
+        await store.leases.acknowledge(child, end, result={"r": 1},
                                 error={"name": "Boom", "message": "b"})
     elif end == "cancelled":
-        assert await store.request_cancel("p:c", "test") == ("cancelled", "cancelled")
+        assert await store.operator.request_cancel("p:c", "test") == ("cancelled", "cancelled")
     else:
         await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                            "WHERE execution_id = 'p:c'")
-        assert await store.sweep_interrupted() == ["p:c"]
+        assert await store.leases.sweep_interrupted() == ["p:c"]
 
-    assert (await store.get("p:c"))["status"] == end
-    parent = await store.get("p")
+    assert (await store.history.get("p:c"))["status"] == end
+    parent = await store.history.get("p")
     assert parent["status"] == "suspended" and parent["due_at"] is not None
-    claimed = await store.claim_due(10, 30.0, "w", ["cmp-store-parent"])
+    claimed = await store.leases.claim_due(10, 30.0, "w", ["cmp-store-parent"])
     assert [d.lease.execution_id for d in claimed] == ["p"]
 
 
@@ -191,7 +191,7 @@ async def test_a_replay_after_a_crash_between_admission_and_receipt_starts_no_se
     step's receipt; the next delivery finds the child by its ID and link."""
     await admit(store, "cmp-parent", "par-crash", {"children": [{"value": 5, "mode": "gate"}]})
     crashed = (await claim_one(store, "cmp-parent", "crashed-worker")).lease
-    answer, _ = await store.start_child(crashed, "start-0", workflow_id="cmp-child",
+    answer, _ = await store.compose.start_child(crashed, "start-0", workflow_id="cmp-child",
                                         params={"value": 5, "mode": "gate"},
                                         child_id="par-crash:start-0")
     assert answer == "started"
@@ -220,7 +220,7 @@ async def test_a_replay_after_a_crash_between_admission_and_receipt_starts_no_se
 
 async def stale_or_current_start(store: ExecutionStore, lease, child_id: str, value: int):
     try:
-        return await store.start_child(lease, "child", workflow_id="cmp-child",
+        return await store.compose.start_child(lease, "child", workflow_id="cmp-child",
                                        params={"value": value}, child_id=child_id)
     except LeaseLost as exc:
         return exc
@@ -236,11 +236,11 @@ async def check_child_race(store: ExecutionStore, pool, where: str, parent: str,
     assert b.token == a.token + 1, where
     if isinstance(stale_answer, LeaseLost):
         outcome = "claim first"
-        assert new_answer == ("started", {"executionId": child_id}), where
+        assert new_answer == ("started", ChildExecution(child_id)), where
     else:
         outcome = "stale first"
-        assert stale_answer == ("started", {"executionId": child_id}), where
-        assert new_answer == ("existing", {"executionId": child_id}), where
+        assert stale_answer == ("started", ChildExecution(child_id)), where
+        assert new_answer == ("existing", ChildExecution(child_id)), where
     rows = await children_rows(pool, parent)
     assert [(r["execution_id"], r["parent_step_key"], r["params"]) for r in rows] == [
         (child_id, "child", {"value": value})], where
@@ -251,8 +251,8 @@ async def check_child_race(store: ExecutionStore, pool, where: str, parent: str,
     assert (started["event_id"] < claim_b["event_id"]) == (outcome == "stale first"), where
     # The receipt goes through a fenced step: only the current holder's lands.
     with pytest.raises(LeaseLost):
-        await store.write_step(a, "child", value=child_id, function_name="child:cmp-child")
-    receipt = await store.write_step(b, "child", value=child_id,
+        await store.steps.write_step(a, "child", value=child_id, function_name="child:cmp-child")
+    receipt = await store.steps.write_step(b, "child", value=child_id,
                                      function_name="child:cmp-child")
     assert receipt.value == child_id, where
     return outcome
@@ -298,7 +298,7 @@ async def test_a_stale_holder_racing_the_current_one_starts_exactly_one_child(
             while lease is None:
                 # The claim skips the parent row while the stale start_child
                 # holds it FOR SHARE; it is claimable once that has committed.
-                claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+                claimed = await store.leases.claim_due(1, 30.0, "holder-B", [wf])
                 lease = claimed[0].lease if claimed else None
                 skipped.append(lease is None)
             return lease, await stale_or_current_start(store, lease, child_id, i)
@@ -329,7 +329,7 @@ async def test_a_stale_start_child_and_a_new_claim_in_each_order(store: Executio
     if order == "claim-holds-row-stale-start-waits":
         async with StatementGate(pool, "execution_events",
                                  f"NEW.kind = 'claimed' AND NEW.token = {a.token + 1}") as gate:
-            claim = asyncio.create_task(store.claim_due(1, 30.0, "holder-B", [wf]))
+            claim = asyncio.create_task(store.leases.claim_due(1, 30.0, "holder-B", [wf]))
             await gate.until_held(also=claim.done)
             stale = asyncio.create_task(stale_or_current_start(store, a, child_id, 1))
             await until_waiting(pool, 1, "row", what="A's start_child behind the claim",
@@ -344,10 +344,10 @@ async def test_a_stale_start_child_and_a_new_claim_in_each_order(store: Executio
             stale = asyncio.create_task(stale_or_current_start(store, a, child_id, 1))
             await gate.until_held(also=stale.done)
             # SKIP LOCKED: the claim passes over the parent A's statement holds.
-            assert await store.claim_due(1, 30.0, "holder-B", [wf]) == []
+            assert await store.leases.claim_due(1, 30.0, "holder-B", [wf]) == []
             await gate.open()
             stale_answer = await stale
-        [b] = await store.claim_due(1, 30.0, "holder-B", [wf])
+        [b] = await store.leases.claim_due(1, 30.0, "holder-B", [wf])
         expected = "stale first"
     new_answer = await stale_or_current_start(store, b.lease, child_id, 1)
     assert await check_child_race(store, pool, order, parent, child_id, 1, a, b.lease,
@@ -365,7 +365,7 @@ async def test_a_repeated_start_child_does_not_deadlock_with_the_childs_end(
     into workflow code, failed the parent execution.)"""
     await admit(store, "cmp-store-parent", "p")
     parent = (await claim_one(store, "cmp-store-parent", "w")).lease
-    assert (await store.start_child(parent, "c", workflow_id="cmp-store-child", params={},
+    assert (await store.compose.start_child(parent, "c", workflow_id="cmp-store-child", params={},
                                     child_id="p:c"))[0] == "started"
     child = (await claim_one(store, "cmp-store-child", "w")).lease
 
@@ -373,9 +373,9 @@ async def test_a_repeated_start_child_does_not_deadlock_with_the_childs_end(
         tx = other.transaction()
         await tx.start()
         await other.execute("SELECT 1 FROM executions WHERE execution_id = 'p' FOR SHARE")
-        ack = asyncio.create_task(store.acknowledge(child, "completed", result={"ok": 1}))
+        ack = asyncio.create_task(store.leases.acknowledge(child, "completed", result={"ok": 1}))
         await wait_until(lambda: lock_waiters(pool, 1), what="the child's ack waits for p")
-        repeat = asyncio.create_task(store.start_child(
+        repeat = asyncio.create_task(store.compose.start_child(
             parent, "c", workflow_id="cmp-store-child", params={}, child_id="p:c"))
         await wait_until(lambda: repeat.done() or lock_waiters(pool, 2),
                          what="start_child done or waiting")
@@ -384,7 +384,7 @@ async def test_a_repeated_start_child_does_not_deadlock_with_the_childs_end(
 
     assert not isinstance(acked, BaseException), acked
     assert not isinstance(repeated, BaseException), repeated
-    assert acked.status == "completed" and repeated == ("existing", {"executionId": "p:c"})
+    assert acked.status == "completed" and repeated == ("existing", ChildExecution("p:c"))
 
 
 async def test_a_caller_chosen_execution_id_is_used_and_linked(store, workers, pool):
@@ -412,7 +412,7 @@ async def test_a_caller_chosen_execution_id_taken_by_an_unrelated_execution_fail
     assert "taken-17" in failed["message"]
     step = (await step_rows(pool, "par-conflict"))["start-0"]
     assert step["status"] == "failed" and step["error"]["name"] == "ExecutionIdConflict"
-    taken = await store.get("taken-17")  # untouched
+    taken = await store.history.get("taken-17")  # untouched
     assert (taken["workflow_id"], taken["params"], taken["parent_execution_id"]) == (
         "some-other-workflow", {"mine": True}, None)
     assert await children_rows(pool, "par-conflict") == []
@@ -426,24 +426,24 @@ async def test_another_parents_child_id_is_a_conflict_too(store: ExecutionStore)
         await admit(store, "cmp-store-parent", eid)
     p1 = (await claim_one(store, "cmp-store-parent", "w")).lease
     p2 = (await claim_one(store, "cmp-store-parent", "w")).lease
-    assert (await store.start_child(p1, "s", workflow_id="cmp-child", params={},
+    assert (await store.compose.start_child(p1, "s", workflow_id="cmp-child", params={},
                                     child_id="shared"))[0] == "started"
-    assert (await store.start_child(p1, "s", workflow_id="cmp-child", params={},
+    assert (await store.compose.start_child(p1, "s", workflow_id="cmp-child", params={},
                                     child_id="shared"))[0] == "existing"
-    assert (await store.start_child(p1, "other-step", workflow_id="cmp-child", params={},
+    assert (await store.compose.start_child(p1, "other-step", workflow_id="cmp-child", params={},
                                     child_id="shared"))[0] == "conflict"
-    assert (await store.start_child(p2, "s", workflow_id="cmp-child", params={},
+    assert (await store.compose.start_child(p2, "s", workflow_id="cmp-child", params={},
                                     child_id="shared"))[0] == "conflict"
 
 
 async def test_an_ended_parent_starts_nothing(store: ExecutionStore, pool):
     await admit(store, "cmp-store-parent", "p-ended")
     lease = (await claim_one(store, "cmp-store-parent", "w")).lease
-    await store.acknowledge(lease, "completed", result=None)
+    await store.leases.acknowledge(lease, "completed", result=None)
     with pytest.raises(LeaseLost):
-        await store.start_child(lease, "late", workflow_id="cmp-child", params={},
+        await store.compose.start_child(lease, "late", workflow_id="cmp-child", params={},
                                 child_id="p-ended:late")
-    assert await store.get("p-ended:late") is None
+    assert await store.history.get("p-ended:late") is None
 
 
 # ------------------------------------------------------------------ cancellation
@@ -482,7 +482,7 @@ async def test_cancelling_a_parent_reaches_its_running_children(store, workers, 
     steps = await step_rows(pool, leased)
     assert set(steps) == {"gate"}  # the running step was recorded; the next never ran
     assert flows.calls(leased, "double") == 0
-    parent = await store.get("par-cancel")
+    parent = await store.history.get("par-cancel")
     assert parent["status"] == "cancelled" and parent["outcome"]["error"]["name"] == "Cancelled"
     listed = (await api.get("/v1/executions", params={"parentExecutionId": "par-cancel"})).json()
     assert {e["status"] for e in listed["executions"]} == {"cancelled"}
@@ -491,18 +491,18 @@ async def test_cancelling_a_parent_reaches_its_running_children(store, workers, 
 async def test_cancellation_reaches_grandchildren(store: ExecutionStore):
     await admit(store, "cmp-store-parent", "g0")
     top = (await claim_one(store, "cmp-store-parent", "w")).lease
-    await store.start_child(top, "c", workflow_id="cmp-store-child", params={}, child_id="g0:c")
-    await store.acknowledge(top, "suspended")
+    await store.compose.start_child(top, "c", workflow_id="cmp-store-child", params={}, child_id="g0:c")
+    await store.leases.acknowledge(top, "suspended")
     mid = (await claim_one(store, "cmp-store-child", "w")).lease
-    await store.start_child(mid, "g", workflow_id="cmp-store-leaf", params={},
+    await store.compose.start_child(mid, "g", workflow_id="cmp-store-leaf", params={},
                             child_id="g0:c:g")
-    await store.acknowledge(mid, "suspended")  # g0:c:g stays admitted, unclaimed
+    await store.leases.acknowledge(mid, "suspended")  # g0:c:g stays admitted, unclaimed
 
     # The two that ran are due at once for their cleanup; the leaf that never
     # ran is cancelled at once.
-    assert await store.request_cancel("g0", "ops") == ("requested", "suspended")
+    assert await store.operator.request_cancel("g0", "ops") == ("requested", "suspended")
     for eid in ("g0", "g0:c", "g0:c:g"):
-        record = await store.get(eid)
+        record = await store.history.get(eid)
         assert record["cancel_requested_at"] is not None, eid
         assert record["status"] == ("cancelled" if eid == "g0:c:g" else "suspended"), record
         assert eid == "g0:c:g" or record["due_at"] <= record["read_at"], record
@@ -522,11 +522,11 @@ async def test_a_child_started_while_the_parents_cancel_waits_is_reached_too(
     parent = (await claim_one(store, "cmp-store-parent", "w")).lease
 
     def start():
-        return asyncio.create_task(store.start_child(
+        return asyncio.create_task(store.compose.start_child(
             parent, "c", workflow_id="cmp-store-child", params={}, child_id="p:c"))
 
     def cancel():
-        return asyncio.create_task(store.request_cancel("p", "ops"))
+        return asyncio.create_task(store.operator.request_cancel("p", "ops"))
 
     async with RowLock(pool, "p") as lock:
         one = start() if first == "start_child" else cancel()
@@ -539,9 +539,9 @@ async def test_a_child_started_while_the_parents_cancel_waits_is_reached_too(
                                                                               await one)
 
     assert cancelled == ("requested", "running")  # the parent is held: it stops at its next step
-    child = await store.get("p:c")
+    child = await store.history.get("p:c")
     if first == "start_child":
-        assert started == ("started", {"executionId": "p:c"}), started
+        assert started == ("started", ChildExecution("p:c")), started
         # The request reached it: admitted and nobody held it, so it is cancelled at once.
         assert child["cancel_requested_at"] is not None and child["status"] == "cancelled", child
     else:
@@ -555,11 +555,11 @@ async def test_a_child_started_after_the_parents_cancel_request_is_cancelled_too
     await admit(store, "cmp-parent", "par-late",
                 {"children": [{"mode": "sleep"}], "pause_before_start": True})
     await wait_until(lambda: step_rows(pool, "par-late"), what="parent's first step recorded")
-    assert await store.request_cancel("par-late", "ops") == ("requested", "running")
+    assert await store.operator.request_cancel("par-late", "ops") == ("requested", "running")
 
     flows.gate("par-late:before-start").set()
     await wait_status(store, "par-late", "cancelled", "completed", "failed")
-    assert (await store.get("par-late"))["status"] == "cancelled"
+    assert (await store.history.get("par-late"))["status"] == "cancelled"
 
     # The request came first: start_child, fenced in one statement with the
     # parent's row, sees the parent cancelling and starts nothing (the
@@ -572,7 +572,7 @@ async def test_a_child_gets_its_workflows_default_deadline(store, workers, pool)
     await workers.start(concurrency=4)
     await admit(store, "cmp-parent", "par-deadline",
                 {"children": [{}], "child_workflow": "cmp-child-timeout"})
-    await wait_until(lambda: store.get("par-deadline~start-0"), what="child admitted")
+    await wait_until(lambda: store.history.get("par-deadline~start-0"), what="child admitted")
     child = await wait_status(store, "par-deadline~start-0", "suspended")
     assert child["deadline"] is not None
     seconds = (child["deadline"] - child["admitted_at"]).total_seconds()

@@ -150,13 +150,13 @@ async def test_store_replay_of_a_recorded_transaction_does_not_run_fn(store: Exe
         return {"holder": holder}
 
     async def txn(lease, holder):
-        return await store.transaction_step(lease, "create-order", fn, (eid, holder),
+        return await store.compose.transaction_step(lease, "create-order", fn, (eid, holder),
                                             function_name="fn", attempts=1,
                                             check_value=json_problem)
 
     first = await txn(lease, "A")
     again = await txn(lease, "A-again")
-    await store.release(lease)
+    await store.leases.release(lease)
     await pool.execute("UPDATE executions SET redeliver_after = now() WHERE execution_id = $1",
                        eid)
     later = (await claim_one(store, "cmp-store-txn", "holder-B")).lease
@@ -185,7 +185,7 @@ async def test_a_stale_holder_is_rolled_back_before_fn_runs(store: ExecutionStor
         return "x"
 
     with pytest.raises(LeaseLost):
-        await store.transaction_step(a, "create-order", fn, (), function_name="fn", attempts=1,
+        await store.compose.transaction_step(a, "create-order", fn, (), function_name="fn", attempts=1,
                                      check_value=json_problem)
     assert ran == [] and b.token == a.token + 1
     assert await orders(pool, eid) == [] and await step_rows(pool, eid) == {}
@@ -206,7 +206,7 @@ async def insert_order(conn, execution_id, holder, ran: Counter, hold: float = 0
 
 async def stale_txn(store: ExecutionStore, a, eid: str, ran: Counter, **kw):
     try:
-        return await store.transaction_step(
+        return await store.compose.transaction_step(
             a, "create-order", functools.partial(insert_order, ran=ran, **kw), (eid, "A"),
             function_name="insert_row", attempts=1, check_value=json_problem)
     except LeaseLost as exc:
@@ -241,7 +241,7 @@ async def check_txn_race(store: ExecutionStore, pool, where: str, wf: str, eid: 
             # The claim found the row locked by the stale transaction and
             # skipped it; it is claimable once that has committed.
             outcome = "stale committed, claim skipped"
-            claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+            claimed = await store.leases.claim_due(1, 30.0, "holder-B", [wf])
             assert len(claimed) == 1, where
         b = claimed[0].lease
         assert b.token == a.token + 1, where
@@ -252,7 +252,7 @@ async def check_txn_race(store: ExecutionStore, pool, where: str, wf: str, eid: 
     # The stale holder gets nothing more in.
     assert isinstance(await stale_txn(store, a, eid, ran), LeaseLost), where
     # The new holder: replays the receipt, or (the stale one lost) runs fn once.
-    mine = await store.transaction_step(
+    mine = await store.compose.transaction_step(
         b, "create-order", functools.partial(insert_order, ran=ran), (eid, "B"),
         function_name="insert_row", attempts=1, check_value=json_problem)
     winner = "B" if isinstance(answer, LeaseLost) else "A"
@@ -296,7 +296,7 @@ async def test_a_stale_holder_racing_a_new_claim_never_leaves_its_row_behind(
 
         async def new_claim(wf=wf, delay=delay_claim):
             await asyncio.sleep(delay)
-            return await store.claim_due(1, 30.0, "holder-B", [wf])
+            return await store.leases.claim_due(1, 30.0, "holder-B", [wf])
 
         answer, claimed = await asyncio.gather(stale(), new_claim())
         outcomes.add(await check_txn_race(store, pool, f"round {i}", wf, eid, a, answer,
@@ -322,7 +322,7 @@ async def test_a_stale_transaction_and_a_new_claim_in_each_order(store: Executio
     if order == "stale lost":
         async with StatementGate(pool, "execution_events",
                                  f"NEW.kind = 'claimed' AND NEW.token = {a.token + 1}") as gate:
-            claim = asyncio.create_task(store.claim_due(1, 30.0, "holder-B", [wf]))
+            claim = asyncio.create_task(store.leases.claim_due(1, 30.0, "holder-B", [wf]))
             await gate.until_held(also=claim.done)
             txn = asyncio.create_task(stale_txn(store, a, eid, ran))
             await until_waiting(pool, 1, "row", what="the transaction behind the claim",
@@ -334,13 +334,13 @@ async def test_a_stale_transaction_and_a_new_claim_in_each_order(store: Executio
         inside = asyncio.Event()
         txn = asyncio.create_task(stale_txn(store, a, eid, ran, barrier=inside))
         await wait_until(lambda: ran["A"], what="fn running", interval=0.005)
-        claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+        claimed = await store.leases.claim_due(1, 30.0, "holder-B", [wf])
         assert claimed == [] and not txn.done()  # skipped while the transaction holds the row
         inside.set()
         answer = await txn
     else:
         answer = await stale_txn(store, a, eid, ran)
-        claimed = await store.claim_due(1, 30.0, "holder-B", [wf])
+        claimed = await store.leases.claim_due(1, 30.0, "holder-B", [wf])
     assert await check_txn_race(store, pool, order, wf, eid, a, answer, claimed, ran) == order
 
 

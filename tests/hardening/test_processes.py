@@ -58,7 +58,7 @@ async def test_a_step_that_never_returns_is_timed_out_within_its_cleanup_window(
     h = harness
     eid = f"hard-hang-deadline-{mode}"
     await h.start_worker("A", concurrency=2)
-    await h.store.admit(workflow_id="hard-hang", params={"mode": mode, "seconds": 3600},
+    await h.store.admissions.admit(workflow_id="hard-hang", params={"mode": mode, "seconds": 3600},
                         execution_id=eid, timeout_seconds=3)
     await h.wait_for(lambda: h.started(eid, "hang"), timeout=10, what="inside the hung step")
 
@@ -93,7 +93,7 @@ async def test_a_step_that_never_returns_is_cancelled_within_its_cleanup_window(
     await h.wait_for(outlived_its_first_lease, timeout=LEASE_SECONDS + 10,
                      what="the hung step outlives its first lease")
 
-    answer, _ = await h.store.request_cancel(eid, "test")
+    answer, _ = await h.store.operator.request_cancel(eid, "test")
     requested = await h.pool.fetchval(
         "SELECT cancel_requested_at FROM executions WHERE execution_id = $1", eid)
     ended = await h.wait_for(lambda: _ended_at(h, eid, "cancelled"),

@@ -63,7 +63,7 @@ async def test_the_late_result_of_an_abandoned_sync_step_is_kept_only_as_evidenc
     flows.RELEASE.set()  # the abandoned thread returns now
 
     async def observed():
-        return await store.late_observations(eid)
+        return await store.history.late_observations(eid)
 
     late = await wait_until(observed, what="late observation of the abandoned step")
     assert late[0]["step_key"] == "slow" and late[0]["value"] == "woke"
@@ -79,7 +79,7 @@ async def test_a_retry_that_would_start_after_the_deadline_ends_the_execution_ti
 ):
     await workers.start()
     eid = "retry-deadline"
-    await store.admit(workflow_id="hard-retry-past-deadline", params={}, execution_id=eid,
+    await store.admissions.admit(workflow_id="hard-retry-past-deadline", params={}, execution_id=eid,
                       timeout_seconds=3)
 
     record = await wait_status(store, eid, "timed_out", "failed", timeout=10)
@@ -177,7 +177,7 @@ async def test_a_database_failure_under_a_delivery_is_never_a_workflow_outcome(
         return len(await events_of(store, eid, "claimed")) >= 2
 
     await wait_until(redelivered, timeout=15, what="a second delivery")
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert record["status"] not in ("failed", "completed"), record
     assert not any(t.done() for t in workers.tasks.values()), "the worker died"
 
@@ -219,7 +219,7 @@ async def test_a_failure_between_a_claim_and_its_deliveries_does_not_strand_them
     eid = await admit(store, "hard-sleepy", "strand-1")
     await wait_status(store, eid, "suspended", timeout=10)
 
-    real = worker.store.steps
+    real = worker.store.history.steps
     failures = []
 
     async def failing_once(ids):
@@ -228,7 +228,7 @@ async def test_a_failure_between_a_claim_and_its_deliveries_does_not_strand_them
             raise ConnectionResetError("injected: connection lost after the claim")
         return await real(ids)
 
-    worker.store.steps = failing_once
+    worker.store.history.steps = failing_once
     await fast_forward_timer(pool, eid, "nap")
 
     record = await wait_status(store, eid, "completed", timeout=10)
@@ -244,13 +244,13 @@ async def test_a_transactional_step_longer_than_the_lease_keeps_its_lease(store,
 
     # While the transaction runs, the record shows a live lease throughout.
     samples = []
-    while (await store.get(eid))["status"] not in ("completed", "failed"):
+    while (await store.history.get(eid))["status"] not in ("completed", "failed"):
         samples.append(await pool.fetchval(
             "SELECT status <> 'running' OR lease_expires_at > now() FROM executions "
             "WHERE execution_id = $1", eid))
         await asyncio.sleep(0.1)  # sampling the lease over the step's whole 2.5 s
     assert len(samples) >= 15 and all(samples), samples
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert record["status"] == "completed", record
     assert record["token"] == 1
     assert not await events_of(store, eid, "lease_expired")
@@ -275,7 +275,7 @@ async def test_the_acknowledgement_cannot_lose_a_race_to_the_drain_release(store
     """The final acknowledgement is still in flight when the shutdown grace
     ends: the drain waits for it instead of releasing the lease under it."""
     worker = await workers.start(shutdown_grace_seconds=0.1)
-    real = worker.store.acknowledge
+    real = worker.store.leases.acknowledge
     entered = asyncio.Event()
 
     async def slow_acknowledge(lease, status, **kw):
@@ -283,12 +283,12 @@ async def test_the_acknowledgement_cannot_lose_a_race_to_the_drain_release(store
         await asyncio.sleep(0.5)  # the acknowledgement still in flight when the grace ends
         return await real(lease, status, **kw)
 
-    worker.store.acknowledge = slow_acknowledge
+    worker.store.leases.acknowledge = slow_acknowledge
     eid = await admit(store, "hard-timeout-then-ok", "ack-drain")
     await asyncio.wait_for(entered.wait(), timeout=10)
     await workers.stop(worker)
 
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert record["status"] == "completed", record
     assert not await events_of(store, eid, "released")
 
@@ -303,10 +303,10 @@ async def test_a_holder_stopped_after_a_cancel_acknowledges_even_when_its_finall
     await workers.start()
     eid = await admit(store, "hard-hang-finally", "hang-finally")
     await wait_until(lambda: flows.CALLS.get("hang_async"), what="inside the hung step")
-    await store.request_cancel(eid, "test")
+    await store.operator.request_cancel(eid, "test")
 
     [ack] = await wait_event(store, eid, "acknowledged", timeout=5)
     assert ack["detail"]["status"] == "cancelled"
-    assert (await store.get(eid))["status"] == "cancelled"
+    assert (await store.history.get(eid))["status"] == "cancelled"
     assert not await events_of(store, eid, "lease_expired")
     assert "cleanup" not in flows.CALLS

@@ -57,31 +57,31 @@ async def seed(pool: asyncpg.Pool, settings: Settings) -> Seeded:
     await _admit(store, s.pending, workflow_id="seed-wf")
 
     await _admit(store, s.completed, workflow_id="seed-done")
-    [d] = await store.claim_due(1, 30, "seed-worker", ["seed-done"])
-    await store.acknowledge(d.lease, "completed", result={"ok": True})
+    [d] = await store.leases.claim_due(1, 30, "seed-worker", ["seed-done"])
+    await store.leases.acknowledge(d.lease, "completed", result={"ok": True})
 
     await _admit(store, s.running, workflow_id="seed-run")
-    [d] = await store.claim_due(1, 3600, "seed-worker", ["seed-run"])
+    [d] = await store.leases.claim_due(1, 3600, "seed-worker", ["seed-run"])
 
     await _admit(store, s.poison, workflow_id="seed-poison")
-    [d] = await store.claim_due(1, 30, "seed-worker", ["seed-poison"])
-    await store.release(d.lease)  # max_unacknowledged_deliveries = 1: parked as poison
+    [d] = await store.leases.claim_due(1, 30, "seed-worker", ["seed-poison"])
+    await store.leases.release(d.lease)  # max_unacknowledged_deliveries = 1: parked as poison
 
     await _admit(store, s.unknown, workflow_id="seed-unknown")
-    [d] = await store.claim_due(1, 30, "seed-worker", ["seed-unknown"])
-    await store.begin_effect(d.lease, s.unknown_step, idempotency_key="idem-1",
+    [d] = await store.leases.claim_due(1, 30, "seed-worker", ["seed-unknown"])
+    await store.effects.begin_effect(d.lease, s.unknown_step, idempotency_key="idem-1",
                              function_name="charge")
-    await store.park_outcome_unknown(d.lease, s.unknown_step)
+    await store.effects.park_outcome_unknown(d.lease, s.unknown_step)
 
     await _admit(store, s.with_history, workflow_id="seed-history")
-    [d] = await store.claim_due(1, 30, "seed-worker", ["seed-history"])
-    await store.write_step(d.lease, "first", value={"v": 1})
-    await store.acknowledge(d.lease, "suspended")
-    assert await store.request_wake(s.with_history) == "requested"
-    assert len(await store.claim_due(1, 30, "seed-worker-2", ["seed-history"])) == 1
+    [d] = await store.leases.claim_due(1, 30, "seed-worker", ["seed-history"])
+    await store.steps.write_step(d.lease, "first", value={"v": 1})
+    await store.leases.acknowledge(d.lease, "suspended")
+    assert await store.operator.request_wake(s.with_history) == "requested"
+    assert len(await store.leases.claim_due(1, 30, "seed-worker-2", ["seed-history"])) == 1
     # The first holder, now stale, observes something late.
-    await store.record_late_observation(d.lease, "second", value={"late": True})
-    await store.register_worker("seed-worker", host="h", pid=1, workflows=["seed-wf"],
+    await store.steps.record_late_observation(d.lease, "second", value={"late": True})
+    await store.workers.register_worker("seed-worker", host="h", pid=1, workflows=["seed-wf"],
                                 concurrency=1)
 
     rows = {r["execution_id"]: (r["status"], r["parked_reason"]) for r in await pool.fetch(
@@ -97,13 +97,13 @@ async def make_tokens(pool: asyncpg.Pool, settings: Settings) -> dict[str, str]:
     tokens = {}
     for role in ("trigger", "read", "operate"):
         token_id, token, digest = new_token()
-        await store.create_token(token_id, name=f"hostile-{role}", role=role,
+        await store.tokens.create_token(token_id, name=f"hostile-{role}", role=role,
                                  secret_sha256=digest)
         tokens[role] = token
     # A trigger token with quotas of one a minute: its second admission and
     # second signal are 429 RATE_LIMITED.
     token_id, token, digest = new_token()
-    await store.create_token(token_id, name="hostile-limited", role="trigger",
+    await store.tokens.create_token(token_id, name="hostile-limited", role="trigger",
                              secret_sha256=digest, admissions_per_minute=1, signals_per_minute=1)
     tokens["limited"] = token
     return tokens

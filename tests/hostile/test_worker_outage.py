@@ -60,7 +60,7 @@ async def test_worker_rides_out_a_postgres_outage(embedded_server, caplog) -> No
                 await wait_until(lambda: _true(flows.CALLS[("inflight", "gated")] == 1),
                                  timeout=10, what="the gated step to start",
                                  interval=0.1, tolerate=DB_ERRORS)
-            answer = await store.admit(workflow_id="hostile-outage", params=params,
+            answer = await store.admissions.admit(workflow_id="hostile-outage", params=params,
                                        execution_id=eid)
             assert isinstance(answer, Admitted), answer
         await pool.execute("CHECKPOINT")

@@ -125,8 +125,8 @@ async def test_reused_execution_id_is_409_naming_the_existing_execution(client, 
 
 async def test_409_reports_the_current_status(client, store, rows):
     await admit_via_api(client, "busy")
-    [delivery] = await store.claim_due(1, 30, "worker-a")
-    await store.acknowledge(delivery.lease, "completed", result={"ok": True})
+    [delivery] = await store.leases.claim_due(1, 30, "worker-a")
+    await store.leases.acknowledge(delivery.lease, "completed", result={"ok": True})
     r = await client.post("/v1/executions", json={"workflowId": "wf", "executionId": "busy"})
     error = assert_error(r, 409, "EXECUTION_ID_CONFLICT")
     assert error["status"] == "completed"
@@ -438,7 +438,7 @@ async def test_null_params_are_stored_as_json_null(client, pool):
 
 
 async def test_store_admits_json_null_params(store, pool):
-    result = await store.admit(workflow_id="wf", params=None, execution_id="null-params")
+    result = await store.admissions.admit(workflow_id="wf", params=None, execution_id="null-params")
     assert result.status == "admitted"
     assert await pool.fetchval(
         "SELECT params = 'null'::jsonb FROM executions WHERE execution_id = 'null-params'")

@@ -136,7 +136,7 @@ async def test_mixed_concurrent_callers_on_one_execution_never_see_a_500(client,
     stored_before_cancel = refused_after_cancel = 0
     for rnd in range(MIXED_ROUNDS):
         eid = f"mixed-{rnd}"
-        await store.admit(workflow_id="wf", params={}, execution_id=eid)
+        await store.admissions.admit(workflow_id="wf", params={}, execution_id=eid)
         path = f"/v1/executions/{eid}"
         requests = [("POST", f"{path}/signals/go", {"json": {"i": i}}) for i in range(12)]
         requests += [("POST", f"{path}/wakes", {})] * 6
@@ -164,7 +164,7 @@ async def test_mixed_concurrent_callers_on_one_execution_never_see_a_500(client,
         stored_before_cancel += signals_ok
         assert await pool.fetchval("SELECT count(*) FROM signals WHERE execution_id = $1",
                                    eid) == signals_ok
-        kinds = [e["kind"] for e in await store.events(eid)]
+        kinds = [e["kind"] for e in await store.history.events(eid)]
         assert kinds.count("signal_received") == signals_ok
         assert "signal_received" not in kinds[kinds.index("cancelled"):]
     print(f"signals stored before the cancel: {stored_before_cancel}, "
@@ -178,7 +178,7 @@ async def test_a_caller_behind_a_row_lock_held_past_the_statement_timeout_gets_5
     whole transaction; a signal (which needs the row) waits for it, and past
     the statement timeout answers 503 with Retry-After, storing nothing. Once
     the row is free the same signal is 202."""
-    await store.admit(workflow_id="wf", params={}, execution_id="held")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="held")
     client = await make_client(api_settings(settings, statement_timeout_seconds=0.5),
                                raise_app_exceptions=False)
     async with RowLock(pool, "held", mode="SHARE"):

@@ -86,7 +86,7 @@ async def deadlock_once(database_url: str, pool: asyncpg.Pool, execution_id: str
 async def test_a_deadlocked_statement_is_retried_and_the_route_answers(
         settings, pool, pg_admin, database_url, make_client):
     store = ExecutionStore.from_settings(pool, settings)
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     async with short_deadlock_timeout(pg_admin, database_url):
         client = await make_client(api_settings(settings), raise_app_exceptions=False)
         api_pool = client.app.state.store.pool
@@ -109,13 +109,13 @@ async def test_a_deadlocked_transaction_is_run_again_as_a_whole(
     cancel the tree): the deadlock aborts the transaction and
     run_in_transaction runs all of it again."""
     seed = ExecutionStore.from_settings(pool, settings)
-    await seed.admit(workflow_id="wf", params={}, execution_id="e1")
+    await seed.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     async with short_deadlock_timeout(pg_admin, database_url):
         own = await create_pool(settings, min_size=1, max_size=2)
         try:
             store = ExecutionStore.from_settings(own, settings)
             answer = await deadlock_once(database_url, pool, "e1",
-                                         lambda: store.request_cancel("e1", "tester"))
+                                         lambda: store.operator.request_cancel("e1", "tester"))
         finally:
             await own.close()
     assert answer == ("cancelled", "cancelled")
@@ -130,7 +130,7 @@ async def test_a_deadlocked_transaction_is_run_again_as_a_whole(
 @pytest.mark.parametrize("sqlstate", ["40001", "40P01"])
 async def test_a_conflict_that_persists_is_503_after_bounded_attempts(
         sqlstate, settings, store, pool, make_client):
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     client = await make_client(api_settings(settings), raise_app_exceptions=False)
     await pool.execute(f"""
         CREATE SEQUENCE test_attempts;
@@ -157,7 +157,7 @@ async def test_a_conflict_that_persists_is_503_after_bounded_attempts(
 
 
 async def test_other_errors_are_not_retried(settings, store, pool):
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     await pool.execute("""
         CREATE SEQUENCE test_attempts;
         CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -169,7 +169,7 @@ async def test_other_errors_are_not_retried(settings, store, pool):
             FOR EACH ROW EXECUTE FUNCTION test_fail();
     """)
     with pytest.raises(asyncpg.DiskFullError):
-        await store.request_wake("e1")
+        await store.operator.request_wake("e1")
     assert await pool.fetchval("SELECT last_value FROM test_attempts") == 1
     assert not store.pool.retried
 

@@ -63,7 +63,7 @@ WRITE_ROUTES = [
 @pytest.mark.parametrize("sqlstate", INFRASTRUCTURE_CODES)
 async def test_an_infrastructure_error_under_a_route_is_503_with_retry_after(
         sqlstate, settings, store, pool, make_client):
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     client = await make_client(api_settings(settings), raise_app_exceptions=False)
     await _raise_on_event_insert(pool, sqlstate)
     for method, path, kw in WRITE_ROUTES:
@@ -88,7 +88,7 @@ async def test_an_infrastructure_error_under_a_route_is_503_with_retry_after(
 async def test_any_other_database_error_stays_a_500(sqlstate, settings, store, pool,
                                                     make_client):
     """A bug (a statement the code got wrong) is not disguised as an outage."""
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     client = await make_client(api_settings(settings), raise_app_exceptions=False)
     await _raise_on_event_insert(pool, sqlstate)
     r = await client.post("/v1/executions/e1/wakes")
@@ -97,7 +97,7 @@ async def test_any_other_database_error_stays_a_500(sqlstate, settings, store, p
 
 async def test_a_read_only_database_is_503_for_writes_and_reads_still_answer(
         settings, store, pool, pg_admin, database_url, make_client):
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     name = _db_name(database_url)
     await pg_admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
     try:
@@ -115,7 +115,7 @@ async def test_a_read_only_database_is_503_for_writes_and_reads_still_answer(
 async def test_lock_not_available_is_503_for_reads_writes_readiness_and_the_dashboard(
         settings, store, pool, pg_admin, database_url, make_client):
     """lock_timeout (55P03) behind an ACCESS EXCLUSIVE lock another session holds."""
-    await store.admit(workflow_id="wf", params={}, execution_id="e1")
+    await store.admissions.admit(workflow_id="wf", params={}, execution_id="e1")
     name = _db_name(database_url)
     await pg_admin.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '200ms'")
     holder = await asyncpg.connect(database_url)

@@ -144,8 +144,8 @@ async def test_no_500_on_wakes(sweep_client, store):
     requests += [("POST", f"/v1/executions/{i}/wakes", {}) for i in ODD_IDS]
     assert await _sweep(sweep_client, requests) == []
     # And on a terminal execution.
-    for d in await store.claim_due(10, 30, "w"):
-        await store.acknowledge(d.lease, "completed", result=None)
+    for d in await store.leases.claim_due(10, 30, "w"):
+        await store.leases.acknowledge(d.lease, "completed", result=None)
     assert await _sweep(sweep_client, requests) == []
 
 

@@ -74,7 +74,7 @@ async def test_dot_segments_do_not_escape_the_route(client):
 
 async def test_leased_record_shows_running_and_the_lease(client, store, pool):
     await admit_via_api(client, "e1")
-    [delivery] = await store.claim_due(1, 30, "worker-a")
+    [delivery] = await store.leases.claim_due(1, 30, "worker-a")
     record = await get_record(client, "e1")
     assert record["status"] == "running"
     assert record["token"] == 1
@@ -89,7 +89,7 @@ async def test_leased_record_shows_running_and_the_lease(client, store, pool):
 
 async def test_expired_lease_is_healed_on_read(client, store, pool):
     await admit_via_api(client, "e1")
-    await store.claim_due(1, 30, "worker-a")
+    await store.leases.claim_due(1, 30, "worker-a")
     await pool.execute(
         "UPDATE executions SET lease_expires_at = now() - interval '1 minute'"
         " WHERE execution_id = 'e1'"
@@ -110,10 +110,10 @@ async def test_expired_lease_is_healed_on_read(client, store, pool):
 
 async def test_expired_lease_after_a_suspension_heals_to_suspended(client, store, pool):
     await admit_via_api(client, "e1")
-    [d] = await store.claim_due(1, 30, "worker-a")
-    await store.request_wake("e1", await db_now(pool))
-    await store.acknowledge(d.lease, "suspended")
-    [d2] = await store.claim_due(1, 30, "worker-b")
+    [d] = await store.leases.claim_due(1, 30, "worker-a")
+    await store.operator.request_wake("e1", await db_now(pool))
+    await store.leases.acknowledge(d.lease, "suspended")
+    [d2] = await store.leases.claim_due(1, 30, "worker-b")
     await pool.execute(
         "UPDATE executions SET lease_expires_at = now() - interval '1 minute'"
         " WHERE execution_id = 'e1'"
@@ -128,11 +128,11 @@ async def test_expired_lease_after_a_suspension_heals_to_suspended(client, store
 async def test_terminal_record_shows_the_outcome(client, store):
     await admit_via_api(client, "ok")
     await admit_via_api(client, "bad")
-    for d in await store.claim_due(2, 30, "worker-a"):
+    for d in await store.leases.claim_due(2, 30, "worker-a"):
         if d.lease.execution_id == "ok":
-            await store.acknowledge(d.lease, "completed", result={"charged": True})
+            await store.leases.acknowledge(d.lease, "completed", result={"charged": True})
         else:
-            await store.acknowledge(d.lease, "failed",
+            await store.leases.acknowledge(d.lease, "failed",
                                     error={"name": "ValueError", "message": "no card"})
     ok = await get_record(client, "ok")
     assert ok["status"] == "completed"
@@ -227,10 +227,10 @@ async def test_filters(client, store, pool):
     for i in range(2):
         await admit_via_api(client, f"b{i}", workflow_id="beta")
     # b0: running; a0: completed; a1: lease expired (healed: admitted, 1 unacknowledged).
-    deliveries = {d.lease.execution_id: d for d in await store.claim_due(10, 30, "w")}
-    await store.acknowledge(deliveries["a0"].lease, "completed", result=1)
-    await store.release(deliveries["a2"].lease)
-    await store.release(deliveries["b1"].lease)
+    deliveries = {d.lease.execution_id: d for d in await store.leases.claim_due(10, 30, "w")}
+    await store.leases.acknowledge(deliveries["a0"].lease, "completed", result=1)
+    await store.leases.release(deliveries["a2"].lease)
+    await store.leases.release(deliveries["b1"].lease)
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 minute'"
                        " WHERE execution_id = 'a1'")
 

@@ -25,10 +25,10 @@ async def idle(client, store, *execution_ids: str) -> None:
     Call it before anything else is due."""
     for execution_id in execution_ids:
         await admit_via_api(client, execution_id)
-    deliveries = await store.claim_due(100, 30, "worker-a")
+    deliveries = await store.leases.claim_due(100, 30, "worker-a")
     assert sorted(d.lease.execution_id for d in deliveries) == sorted(execution_ids)
     for d in deliveries:
-        await store.acknowledge(d.lease, "suspended")
+        await store.leases.acknowledge(d.lease, "suspended")
     for execution_id in execution_ids:
         record = await get_record(client, execution_id)
         assert record["status"] == "suspended" and record["dueAt"] is None
@@ -36,11 +36,11 @@ async def idle(client, store, *execution_ids: str) -> None:
 
 async def terminal(client, store, execution_id: str, status: str = "completed") -> None:
     await admit_via_api(client, execution_id)
-    [d] = await store.claim_due(1, 30, "worker-a")
+    [d] = await store.leases.claim_due(1, 30, "worker-a")
     if status == "completed":
-        await store.acknowledge(d.lease, "completed", result={"done": True})
+        await store.leases.acknowledge(d.lease, "completed", result={"done": True})
     else:
-        await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+        await store.leases.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
     assert (await get_record(client, execution_id))["status"] == status
 
 
@@ -108,14 +108,14 @@ async def test_wake_on_a_fresh_admission_keeps_the_earlier_due_time(client, pool
 
 async def test_wake_during_a_delivery_is_kept_apart(client, store, pool):
     await admit_via_api(client, "e1")
-    [d] = await store.claim_due(1, 30, "worker-a")
+    [d] = await store.leases.claim_due(1, 30, "worker-a")
     assert (await get_record(client, "e1"))["dueAt"] is None
     at = await db_now(pool) + timedelta(minutes=5)
     r = await client.post("/v1/executions/e1/wakes", json={"at": at.isoformat()})
     assert r.json() == {"status": "requested"}
     record = await get_record(client, "e1")
     assert record["status"] == "running" and parse_time(record["dueAt"]) == at
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
     assert parse_time((await get_record(client, "e1"))["dueAt"]) == at
 
 
@@ -206,7 +206,7 @@ async def test_signal_is_stored_and_makes_the_execution_due(client, store, pool,
     assert record["dueAt"] is not None
     assert parse_time(record["dueAt"]) <= await db_now(pool)
     # The worker can now claim it.
-    [d] = await store.claim_due(1, 30, "worker-b")
+    [d] = await store.leases.claim_due(1, 30, "worker-b")
     assert d.lease.execution_id == "refund-7"
 
 
@@ -224,7 +224,7 @@ async def test_signal_without_body_and_repeated_signals(client, store, pool):
 
 async def test_signal_to_a_running_execution_is_received(client, store):
     await admit_via_api(client, "e1")
-    await store.claim_due(1, 30, "worker-a")
+    await store.leases.claim_due(1, 30, "worker-a")
     r = await client.post("/v1/executions/e1/signals/go", json={"n": 1})
     assert r.status_code == 202, r.text
     assert (await get_record(client, "e1"))["status"] == "running"

@@ -37,9 +37,9 @@ async def test_metrics_are_present_and_move(database_url, pool):
 
     async with asgi_client(settings, workflows) as c:
         for i in range(3):
-            await store.admit(workflow_id="mnt-ok", params={}, execution_id=f"ok-{i}")
-        await store.admit(workflow_id="mnt-retry-once", params={}, execution_id="retry")
-        await store.admit(workflow_id="mnt-ok", params={}, execution_id="stuck")
+            await store.admissions.admit(workflow_id="mnt-ok", params={}, execution_id=f"ok-{i}")
+        await store.admissions.admit(workflow_id="mnt-retry-once", params={}, execution_id="retry")
+        await store.admissions.admit(workflow_id="mnt-ok", params={}, execution_id="stuck")
         await pool.execute(  # parked as poison, for the gauge
             "UPDATE executions SET status = 'parked', parked_reason = 'poison', "
             "unacknowledged_deliveries = 25, due_at = NULL WHERE execution_id = 'stuck'")

@@ -57,12 +57,12 @@ async def gauges(api: httpx.AsyncClient) -> str:
 
 
 async def park_outcome_unknown(store: ExecutionStore, eid: str, **admit) -> None:
-    assert isinstance(await store.admit(workflow_id="m-charge", params={}, execution_id=eid,
+    assert isinstance(await store.admissions.admit(workflow_id="m-charge", params={}, execution_id=eid,
                                         **admit), Admitted)
-    [d] = await store.claim_due(1, 30, "w", ["m-charge"])
-    await store.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
+    [d] = await store.leases.claim_due(1, 30, "w", ["m-charge"])
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
                              function_name="remote_charge")
-    assert await store.park_outcome_unknown(d.lease, "charge") == "parked"
+    assert await store.effects.park_outcome_unknown(d.lease, "charge") == "parked"
 
 
 async def test_outcome_unknown_gauge_counts_only_executions_waiting_for_a_decision(
@@ -73,16 +73,16 @@ async def test_outcome_unknown_gauge_counts_only_executions_waiting_for_a_decisi
     assert sample(await gauges(api), name) == 4
 
     # Resolved: the step's fate is decided; the execution runs again.
-    assert (await store.resolve_step("resolved", "charge", "retry", by="ops"))[0] == "resolved"
+    assert (await store.operator.resolve_step("resolved", "charge", "retry", by="ops"))[0] == "resolved"
     assert sample(await gauges(api), name) == 3
     # Cancelled while parked: terminal, its effect row stays as evidence.
-    assert (await store.request_cancel("cancelled", "ops"))[0] == "cancelled"
+    assert (await store.operator.request_cancel("cancelled", "ops"))[0] == "cancelled"
     assert sample(await gauges(api), name) == 2
     # Past its deadline: timed out (as the read reports it, before the sweep too).
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                        "WHERE execution_id = 'timed-out'")
     assert sample(await gauges(api), name) == 1
-    await store.sweep_interrupted()
+    await store.leases.sweep_interrupted()
     text = await gauges(api)
     assert sample(text, name) == 1
     assert sample(text, "fencepost_parked_executions", '{reason="outcome_unknown"}') == 1
@@ -110,21 +110,21 @@ def test_late_observation_and_integrity_conflict_counters_exist() -> None:
 async def test_integrity_conflicts_on_the_record_the_dashboard_and_the_gauge(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     name = "fencepost_executions_with_integrity_conflicts"
-    await store.admit(workflow_id="m-other", params={}, execution_id="clean")
-    await store.admit(workflow_id="m-step", params={}, execution_id="doubted")
+    await store.admissions.admit(workflow_id="m-other", params={}, execution_id="clean")
+    await store.admissions.admit(workflow_id="m-step", params={}, execution_id="doubted")
     assert sample(await gauges(api), name) == 0
     assert (await api.get("/v1/executions/doubted")).json()["integrityConflicts"] == 0
 
     # A stale holder's late result that differs from the recorded step.
-    [stale] = await store.claim_due(1, 30, "stale", ["m-step"])
+    [stale] = await store.leases.claim_due(1, 30, "stale", ["m-step"])
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
                        "WHERE execution_id = $1", stale.lease.execution_id)
-    [current] = await store.claim_due(1, 30, "current", ["m-step"])
+    [current] = await store.leases.claim_due(1, 30, "current", ["m-step"])
     eid = current.lease.execution_id
     assert eid == stale.lease.execution_id == "doubted"
-    await store.write_step(current.lease, "s", value="current's", function_name="f")
-    assert await store.record_late_observation(stale.lease, "s", value="stale's") is True
-    assert await store.record_late_observation(stale.lease, "s", value="current's") is False
+    await store.steps.write_step(current.lease, "s", value="current's", function_name="f")
+    assert await store.steps.record_late_observation(stale.lease, "s", value="stale's") is True
+    assert await store.steps.record_late_observation(stale.lease, "s", value="current's") is False
 
     text = await gauges(api)
     assert sample(text, name) == 1

@@ -104,9 +104,9 @@ async def test_a_takeover_says_old_and_new_owner_and_token(
     caplog.set_level(logging.INFO)
     for eid in ("by-claim", "by-reaper"):
         await admit(store, "mnt-ok", eid)
-    await store.claim_due(2, 30, "crashed")
+    await store.leases.claim_due(2, 30, "crashed")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour'")
-    [taken] = await store.claim_due(1, 30, "survivor")
+    [taken] = await store.leases.claim_due(1, 30, "survivor")
     await LeaseReaper(store).run_once()
     records = {r.execution_id: r for r in lines(caplog, "lease_takeover")}
     assert len(lines(caplog, "lease_takeover")) == 2
@@ -122,13 +122,13 @@ async def test_a_rejected_fenced_write_is_one_line(
         store: ExecutionStore, pool: asyncpg.Pool, l_settings: Settings, caplog) -> None:
     caplog.set_level(logging.INFO)
     await admit(store, "mnt-ok", "stale")
-    [d] = await store.claim_due(1, 30, "old-holder")
+    [d] = await store.leases.claim_due(1, 30, "old-holder")
     await pool.execute("UPDATE executions SET token = token + 1")  # another holder now
     worker = Worker(l_settings, WORKFLOWS, concurrency=1, worker_id="w")
     worker.store = store
     await worker._write_outcome(d.lease, "completed", 1, None, None, None, None)
     with pytest.raises(LeaseLost):
-        await store.acknowledge(d.lease, "completed", result=1)
+        await store.leases.acknowledge(d.lease, "completed", result=1)
     [rejected] = lines(caplog, "fenced_write_rejected")
     assert (rejected.execution_id, rejected.token) == ("stale", 1)
     assert "rejected" in rejected.getMessage()

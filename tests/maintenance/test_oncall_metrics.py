@@ -86,13 +86,13 @@ def takeovers() -> tuple[float, float]:
 async def test_an_expired_lease_ended_by_the_reaper_counts_once(
         store: ExecutionStore, pool: asyncpg.Pool) -> None:
     await admit(store, "dead-holder")
-    await store.claim_due(1, 30, "killed-worker")
+    await store.leases.claim_due(1, 30, "killed-worker")
     await expire(pool, "dead-holder")
     claim0, reaper0 = takeovers()
     reaper = LeaseReaper(store)
     assert (await reaper.run_once()).expired == 1
     assert (await reaper.run_once()).expired == 0
-    [taken] = await store.claim_due(1, 30, "survivor")  # after the reaper: a plain claim
+    [taken] = await store.leases.claim_due(1, 30, "survivor")  # after the reaper: a plain claim
     assert not taken.taken_over
     assert takeovers() == (claim0, reaper0 + 1)
 
@@ -100,10 +100,10 @@ async def test_an_expired_lease_ended_by_the_reaper_counts_once(
 async def test_an_expired_lease_taken_over_by_a_claim_counts_once(
         store: ExecutionStore, pool: asyncpg.Pool) -> None:
     await admit(store, "dead-holder")
-    await store.claim_due(1, 30, "killed-worker")
+    await store.leases.claim_due(1, 30, "killed-worker")
     await expire(pool, "dead-holder")
     claim0, reaper0 = takeovers()
-    [taken] = await store.claim_due(1, 30, "survivor")
+    [taken] = await store.leases.claim_due(1, 30, "survivor")
     assert taken.taken_over
     assert (await LeaseReaper(store).run_once()).expired == 0  # nothing left for it
     assert takeovers() == (claim0 + 1, reaper0)
@@ -123,11 +123,11 @@ async def test_terminal_transitions_count_whoever_writes_them(
     parks0 = {r: parks(r) for r in ("poison", "outcome_unknown")}
     for eid in ("done", "broken", "doubt", "held-cancel"):
         await admit(store, eid)
-    leases = {d.lease.execution_id: d.lease for d in await store.claim_due(10, 30, "w")}
+    leases = {d.lease.execution_id: d.lease for d in await store.leases.claim_due(10, 30, "w")}
     # The worker's acknowledgements.
-    await store.acknowledge(leases["done"], "completed", result=1)
-    await store.acknowledge(leases["broken"], "failed", error={"name": "E", "message": "m"})
-    await store.park_outcome_unknown(leases["doubt"], "charge")
+    await store.leases.acknowledge(leases["done"], "completed", result=1)
+    await store.leases.acknowledge(leases["broken"], "failed", error={"name": "E", "message": "m"})
+    await store.effects.park_outcome_unknown(leases["doubt"], "charge")
     # The API's cancel of an execution nobody holds: cancelled at once.
     await admit(store, "unheld")
     r = await api.post("/v1/executions/unheld/cancel", json={})
@@ -136,18 +136,18 @@ async def test_terminal_transitions_count_whoever_writes_them(
     r = await api.post("/v1/executions/held-cancel/cancel", json={})
     assert r.json()["status"] == "running", r.text
     assert ended("cancelled") == before["cancelled"] + 1
-    await store.acknowledge(leases["held-cancel"], "completed", result=1)
+    await store.leases.acknowledge(leases["held-cancel"], "completed", result=1)
     # The deadline sweep.
     await admit(store, "late", timeout_seconds=3600)
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                        "WHERE execution_id = 'late'")
-    assert await store.sweep_interrupted() == ["late"]
+    assert await store.leases.sweep_interrupted() == ["late"]
     # The reaper (through release's rules): the poison threshold.
     poison_store = ExecutionStore(pool, redelivery_base_seconds=0.05,
                                   redelivery_cap_seconds=0.05, max_unacknowledged_deliveries=1)
     await admit(store, "poison")
-    [p] = await poison_store.claim_due(1, 30, "w", ["mnt-ok"])
-    await poison_store.release(p.lease)
+    [p] = await poison_store.leases.claim_due(1, 30, "w", ["mnt-ok"])
+    await poison_store.leases.release(p.lease)
 
     assert local("fencepost_end_to_end_duration_seconds_count", '{workflow="mnt-ok"}') >= 2
     assert {s: ended(s) - before[s] for s in before} == {
@@ -163,15 +163,15 @@ async def test_waiting_executions_by_reason_and_workflow_follow_the_apis_rule(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     for eid in ("a-held", "a-signal", "a-due", "a-waits"):
         await admit(store, eid)
-    leases = {d.lease.execution_id: d.lease for d in await store.claim_due(3, 30, "w")}
+    leases = {d.lease.execution_id: d.lease for d in await store.leases.claim_due(3, 30, "w")}
     assert set(leases) == {"a-held", "a-signal", "a-due"}
-    await store.acknowledge(leases["a-signal"], "suspended", waiting_on={"signal": "go"})
-    await store.release(leases["a-due"])  # redelivery delay, then due
+    await store.leases.acknowledge(leases["a-signal"], "suspended", waiting_on={"signal": "go"})
+    await store.leases.release(leases["a-due"])  # redelivery delay, then due
     await pool.execute("UPDATE executions SET redeliver_after = now() + interval '1 hour' "
                        "WHERE execution_id = 'a-due'")
     await admit(store, "b-1", workflow_id="mnt-retry-once")
     await admit(store, "b-2", workflow_id="mnt-retry-once")
-    await store.register_worker("w-ok", host="h", pid=1, workflows=["mnt-ok"], concurrency=3)
+    await store.workers.register_worker("w-ok", host="h", pid=1, workflows=["mnt-ok"], concurrency=3)
 
     items = (await api.get("/v1/executions", params={"limit": 100})).json()["executions"]
     expected = Counter((e["blockedBy"]["reason"], e["workflowId"])
@@ -199,8 +199,8 @@ async def test_waiting_executions_by_reason_and_workflow_follow_the_apis_rule(
 async def test_the_backlog_age_counts_only_executions_waiting_for_a_worker(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     await admit(store, "retrying")
-    [d] = await store.claim_due(1, 30, "w")
-    await store.release(d.lease)
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.leases.release(d.lease)
     # Due for a minute, but sitting out a redelivery delay for an hour more.
     await pool.execute("UPDATE executions SET due_at = now() - interval '60 seconds', "
                        "updated_at = now() - interval '60 seconds', "

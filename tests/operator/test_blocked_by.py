@@ -25,7 +25,7 @@ async def blocked(api: httpx.AsyncClient, eid: str) -> dict | None:
 
 
 async def register(store: ExecutionStore, worker_id: str, workflows: list[str]) -> None:
-    await store.register_worker(worker_id, host="test", pid=1, workflows=workflows, concurrency=1)
+    await store.workers.register_worker(worker_id, host="test", pid=1, workflows=workflows, concurrency=1)
 
 
 async def test_no_worker_then_due(store: ExecutionStore, pool: asyncpg.Pool,
@@ -43,7 +43,7 @@ async def test_no_worker_then_due(store: ExecutionStore, pool: asyncpg.Pool,
     await pool.execute("UPDATE workers SET heartbeat_at = now() - interval '2 hours' "
                        "WHERE worker_id = 'w-silent'")
     await register(store, "w-stopped", ["op-quick"])
-    await store.worker_stopped("w-stopped")
+    await store.workers.worker_stopped("w-stopped")
     assert (await blocked(api, eid))["reason"] == "no-worker"
 
     await register(store, "w-live", ["op-quick"])
@@ -60,7 +60,7 @@ async def test_no_worker_then_due(store: ExecutionStore, pool: asyncpg.Pool,
 async def test_leased_and_lease_expired(store: ExecutionStore, pool: asyncpg.Pool,
                                         api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "bb-leased")
-    [d] = await store.claim_due(1, 30, "holder-1")
+    [d] = await store.leases.claim_due(1, 30, "holder-1")
     rec = await get_record(api, eid)
     assert rec["blockedBy"] == {"reason": "leased", "owner": "holder-1",
                                 "until": rec["lease"]["expiresAt"]}, rec
@@ -79,8 +79,8 @@ async def test_redelivery_delay(pool: asyncpg.Pool, api: httpx.AsyncClient) -> N
     slow = ExecutionStore(pool, redelivery_base_seconds=60, redelivery_cap_seconds=60)
     eid = await admit(slow, "op-quick", "bb-redelivery")
     await register(slow, "w", ["op-quick"])
-    [d] = await slow.claim_due(1, 30, "w")
-    await slow.release(d.lease)
+    [d] = await slow.leases.claim_due(1, 30, "w")
+    await slow.leases.release(d.lease)
     rec = await get_record(api, eid)
     assert rec["blockedBy"] == {"reason": "redelivery-delay", "until": rec["redeliverAfter"]}, rec
     assert at(rec["redeliverAfter"]) - at(rec["lastUnacknowledgedAt"]) == timedelta(seconds=60)
@@ -95,21 +95,21 @@ async def test_sleeping_and_waiting_for_a_signal(store: ExecutionStore, pool: as
     sleeper = await admit(store, "op-sleep", "bb-sleeping")
     waiter = await admit(store, "op-quick", "bb-signal")
     timed = await admit(store, "op-quick", "bb-signal-timeout")
-    claimed = {d.lease.execution_id: d.lease for d in await store.claim_due(10, 30, "w")}
-    now = await store.db_now()
+    claimed = {d.lease.execution_id: d.lease for d in await store.leases.claim_due(10, 30, "w")}
+    now = await store.clock.db_now()
     wake = now + timedelta(hours=1)
 
-    await store.request_wake(sleeper, wake)
-    await store.acknowledge(claimed[sleeper], "suspended", waiting_on={"sleep": "nap"})
+    await store.operator.request_wake(sleeper, wake)
+    await store.leases.acknowledge(claimed[sleeper], "suspended", waiting_on={"sleep": "nap"})
     bb = await blocked(api, sleeper)
     assert (bb["reason"], bb["step"], at(bb["until"])) == ("sleeping", "nap", wake), bb
 
-    await store.acknowledge(claimed[waiter], "suspended", waiting_on={"signal": "approve"})
+    await store.leases.acknowledge(claimed[waiter], "suspended", waiting_on={"signal": "approve"})
     assert await blocked(api, waiter) == {"reason": "waiting-for-signal", "signal": "approve",
                                           "until": None}
 
-    await store.request_wake(timed, wake)
-    await store.acknowledge(claimed[timed], "suspended",
+    await store.operator.request_wake(timed, wake)
+    await store.leases.acknowledge(claimed[timed], "suspended",
                             waiting_on={"signal": "approve", "until": wake.isoformat()})
     bb = await blocked(api, timed)
     assert (bb["reason"], bb["signal"], at(bb["until"])) == ("waiting-for-signal", "approve", wake)
@@ -131,28 +131,28 @@ async def test_parked_for_each_reason_and_none_when_terminal(
     failed = await admit(store, "op-quick", "bb-failed")
     cancelled = await admit(store, "op-quick", "bb-cancelled")
     timed_out = await admit(store, "op-quick", "bb-timed-out", timeout_seconds=3600)
-    leases = {d.lease.execution_id: d.lease for d in await store.claim_due(10, 30, "w")}
+    leases = {d.lease.execution_id: d.lease for d in await store.leases.claim_due(10, 30, "w")}
 
-    await store.begin_effect(leases[unknown], "charge", idempotency_key="k",
+    await store.effects.begin_effect(leases[unknown], "charge", idempotency_key="k",
                              function_name="remote_charge")
-    await store.park_outcome_unknown(leases[unknown], "charge")
+    await store.effects.park_outcome_unknown(leases[unknown], "charge")
     assert await blocked(api, unknown) == {"reason": "parked", "parkedReason": "outcome_unknown",
                                            "step": "charge"}
-    await store.release(leases[poison])
+    await store.leases.release(leases[poison])
     assert await blocked(api, poison) == {"reason": "parked", "parkedReason": "poison",
                                           "step": None}
 
-    await store.acknowledge(leases[done], "completed", result={})
-    await store.acknowledge(leases[failed], "failed", error={"name": "E", "message": "m"})
-    await store.acknowledge(leases[cancelled], "suspended", waiting_on={"signal": "s"})
-    await store.request_cancel(cancelled, "test")
-    await store.acknowledge(leases[timed_out], "suspended", waiting_on={"signal": "s"})
+    await store.leases.acknowledge(leases[done], "completed", result={})
+    await store.leases.acknowledge(leases[failed], "failed", error={"name": "E", "message": "m"})
+    await store.leases.acknowledge(leases[cancelled], "suspended", waiting_on={"signal": "s"})
+    await store.operator.request_cancel(cancelled, "test")
+    await store.leases.acknowledge(leases[timed_out], "suspended", waiting_on={"signal": "s"})
     # Both cleanup windows closed with no delivery: the sweep ends them.
     await pool.execute("UPDATE executions SET cancel_requested_at = now() - interval '1 hour' "
                        "WHERE execution_id = $1", cancelled)
     await pool.execute("UPDATE executions SET deadline = now() - interval '1 hour' "
                        "WHERE execution_id = $1", timed_out)
-    await store.sweep_interrupted()
+    await store.leases.sweep_interrupted()
     for eid, status in ((done, "completed"), (failed, "failed"), (cancelled, "cancelled"),
                         (timed_out, "timed_out")):
         rec = await get_record(api, eid)

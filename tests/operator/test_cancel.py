@@ -39,14 +39,14 @@ async def test_cancel_unleased_suspended_execution_is_delivered_once_more_then_c
     assert rec["status"] == "cancelled" and rec["blockedBy"] is None, rec
     assert rec["outcome"]["error"]["name"] == "Cancelled", rec
     assert rec["dueAt"] is None and rec["cancelRequestedAt"] is not None, rec
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     kinds = [e["kind"] for e in events]
     assert kinds[kinds.index("cancel_requested"):] == [
         "cancel_requested", "claimed", "acknowledged", "cancelled"], kinds
     [requested] = [e for e in events if e["kind"] == "cancel_requested"]
     assert requested["detail"] == {"by": "alice"}
     await workers.claim_rounds(2)  # the worker looked again: nobody delivered it again
-    assert (await store.get(eid))["token"] == 2  # the first delivery and the cleanup's
+    assert (await store.history.get(eid))["token"] == 2  # the first delivery and the cleanup's
     assert ("cancel-suspended", "after") not in flows.CALLS
 
 
@@ -57,14 +57,14 @@ async def test_cancel_unleased_admitted_and_parked_executions(
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "cancelled"}, r.text
     assert await kinds(store, eid) == ["admitted", "cancel_requested", "cancelled"]
-    assert (await store.claim_due(10, 30, "late-worker")) == []
+    assert (await store.leases.claim_due(10, 30, "late-worker")) == []
 
     # Parked (an effect in doubt): nobody holds it, so it is cancelled at once.
     eid = await admit(store, "op-charge", "cancel-parked", {"recovery": "neither"})
-    [d] = await store.claim_due(1, 30, "w")
-    await store.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
                              function_name="remote_charge")
-    await store.park_outcome_unknown(d.lease, "charge")
+    await store.effects.park_outcome_unknown(d.lease, "charge")
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "cancelled"}, r.text
     rec = await get_record(api, eid)
@@ -90,11 +90,11 @@ async def test_cancel_leased_execution_stops_at_the_holders_next_fenced_write(
     rec = await wait_status(store, eid, "cancelled")
     assert rec["outcome"]["error"]["name"] == "Cancelled", rec
 
-    steps = await store.steps([eid])
+    steps = await store.history.steps([eid])
     assert sorted(steps[eid]) == ["cleanup", "finally", "slow"], steps  # never "after"
     assert (eid, "after") not in flows.CALLS
     assert [s for e, s in flows.CALLS if e == eid] == ["slow", "cleanup", "finally"]
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     order = [e["kind"] for e in events]
     assert order.index("cancel_requested") < order.index("acknowledged"), order
     [ack] = [e for e in events if e["kind"] == "acknowledged"]
@@ -111,8 +111,8 @@ def _ack_event(events: list[dict]) -> dict | None:
 async def _check_race(store: ExecutionStore, eid: str, cancel: httpx.Response) -> str:
     """Whatever the order, the events and the answers agree, and `completed`
     is never recorded once the cancel request came first. Returns who won."""
-    rec = await store.get(eid)
-    events = await store.events(eid)
+    rec = await store.history.get(eid)
+    events = await store.history.events(eid)
     order = [e["kind"] for e in events]
     ack = _ack_event(events)
     assert ack is not None, events
@@ -139,12 +139,12 @@ async def test_cancel_racing_the_holders_completed_acknowledgement(
     outcomes = Outcomes("cancel", "ack")
     for r in outcomes.rounds(1, 10):
         eids = [await admit(store, "op-quick", f"race-{r}-{i}") for i in range(n)]
-        deliveries = {d.lease.execution_id: d for d in await store.claim_due(n, 30, "racer")}
+        deliveries = {d.lease.execution_id: d for d in await store.leases.claim_due(n, 30, "racer")}
         assert sorted(deliveries) == sorted(eids)
 
         async def ack(eid: str, deliveries=deliveries, delay: float = 0.0):
             await asyncio.sleep(delay)
-            return await store.acknowledge(deliveries[eid].lease, "completed",
+            return await store.leases.acknowledge(deliveries[eid].lease, "completed",
                                            result={"ok": True})
 
         async def cancel(eid: str):
@@ -176,10 +176,10 @@ async def test_cancel_and_the_holders_acknowledgement_queued_on_the_row_in_each_
     third connection holds the row; the first racer is seen waiting for it,
     then the second; Postgres hands the row over in that order."""
     eid = await admit(store, "op-quick", f"queued-{first}")
-    [d] = await store.claim_due(1, 30, "racer")
+    [d] = await store.leases.claim_due(1, 30, "racer")
 
     def ack():
-        return asyncio.create_task(store.acknowledge(d.lease, "completed", result={"ok": True}))
+        return asyncio.create_task(store.leases.acknowledge(d.lease, "completed", result={"ok": True}))
 
     def cancel():
         return asyncio.create_task(api.post(f"/v1/executions/{eid}/cancel"))
@@ -261,22 +261,22 @@ async def test_stale_holder_cannot_acknowledge_after_a_cancel(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     # Holder A's lease expires; B takes over; a cancel is requested while B holds it.
     eid = await admit(store, "op-quick", "stale-ack")
-    [a] = await store.claim_due(1, 30, "A")
+    [a] = await store.leases.claim_due(1, 30, "A")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = $1", eid)
-    [b] = await store.claim_due(1, 30, "B")
+    [b] = await store.leases.claim_due(1, 30, "B")
     assert (a.lease.token, b.lease.token) == (1, 2)
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "running"}, r.text
 
     with pytest.raises(LeaseLost):
-        await store.acknowledge(a.lease, "completed", result={"by": "A"})
-    assert (await store.get(eid))["status"] == "running"
-    answer = await store.acknowledge(b.lease, "completed", result={"by": "B"})
+        await store.leases.acknowledge(a.lease, "completed", result={"by": "A"})
+    assert (await store.history.get(eid))["status"] == "running"
+    answer = await store.leases.acknowledge(b.lease, "completed", result={"by": "B"})
     assert answer.status == "cancelled", answer  # cancel wins over the holder's report
     with pytest.raises(LeaseLost):
-        await store.acknowledge(a.lease, "completed", result={"by": "A"})
-    rec = await store.get(eid)
+        await store.leases.acknowledge(a.lease, "completed", result={"by": "A"})
+    rec = await store.history.get(eid)
     assert rec["status"] == "cancelled" and "result" not in rec["outcome"], rec
     acks = await events_of(store, eid, "acknowledged")
     assert [(e["token"], e["detail"]["status"], e["detail"]["reported"]) for e in acks] == [
@@ -286,22 +286,22 @@ async def test_stale_holder_cannot_acknowledge_after_a_cancel(
 async def test_holder_whose_lease_expired_after_a_cancel_cannot_complete(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "expired-after-cancel")
-    [a] = await store.claim_due(1, 30, "A")
+    [a] = await store.leases.claim_due(1, 30, "A")
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "running"}
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = $1", eid)
-    assert (await store.reap_expired()).execution_ids == [eid]
-    assert (await store.get(eid))["status"] == "cancelled"
+    assert (await store.leases.reap_expired()).execution_ids == [eid]
+    assert (await store.history.get(eid))["status"] == "cancelled"
     before = await event_count(store)
 
     # Same token, terminal record: the recorded outcome is answered, nothing changes.
     try:
-        answer = await store.acknowledge(a.lease, "completed", result={"by": "A"})
+        answer = await store.leases.acknowledge(a.lease, "completed", result={"by": "A"})
     except LeaseLost:
         answer = None
     assert answer is None or answer.status == "cancelled", answer
-    rec = await store.get(eid)
+    rec = await store.history.get(eid)
     assert rec["status"] == "cancelled" and rec["outcome"]["error"]["name"] == "Cancelled", rec
     assert await event_count(store) == before
 
@@ -309,34 +309,34 @@ async def test_holder_whose_lease_expired_after_a_cancel_cannot_complete(
 async def test_cancel_requested_while_the_holder_parks_an_effect_ends_cancelled(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-charge", "cancel-then-park", {"recovery": "neither"})
-    [d] = await store.claim_due(1, 30, "w")
-    await store.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
                              function_name="remote_charge")
     r = await api.post(f"/v1/executions/{eid}/cancel")
     assert r.status_code == 202 and r.json() == {"status": "running"}
     try:
-        await store.park_outcome_unknown(d.lease, "charge")  # what the SDK does on Park
+        await store.effects.park_outcome_unknown(d.lease, "charge")  # what the SDK does on Park
     except LeaseLost:
         pass
-    rec = await store.get(eid)
+    rec = await store.history.get(eid)
     if rec["status"] == "parked":
         # Even an operator's decision does not finish it: show where it ends up.
         await api.post(f"/v1/executions/{eid}/steps/charge/resolve",
                        json={"action": "succeed", "result": {}})
-        assert await store.claim_due(10, 30, "w2") == []
-        rec = await store.get(eid)
+        assert await store.leases.claim_due(10, 30, "w2") == []
+        rec = await store.history.get(eid)
     assert rec["status"] == "cancelled", rec
 
 
 async def test_cancel_terminal_is_409_and_unknown_is_404(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "cancel-done")
-    [d] = await store.claim_due(1, 30, "w")
-    await store.acknowledge(d.lease, "completed", result={"done": True})
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.leases.acknowledge(d.lease, "completed", result={"done": True})
     before = await event_count(store)
     err = assert_error(await api.post(f"/v1/executions/{eid}/cancel"), 409, "EXECUTION_TERMINAL")
     assert err["status"] == "completed", err
-    assert (await store.get(eid))["status"] == "completed"
+    assert (await store.history.get(eid))["status"] == "completed"
 
     eid2 = await admit(store, "op-quick", "cancel-twice")
     assert (await api.post(f"/v1/executions/{eid2}/cancel")).json() == {"status": "cancelled"}

@@ -35,14 +35,14 @@ async def test_timed_out_while_suspended_by_the_reaper_sweep(
     await workers.stop(worker)  # the sweep below is the only actor
 
     await past_deadline(pool, eid)
-    assert await store.claim_due(10, 30, "w") == []  # past its deadline: nobody claims it
+    assert await store.leases.claim_due(10, 30, "w") == []  # past its deadline: nobody claims it
     await LeaseReaper(store).run_once()
 
     rec = await get_record(api, eid)
     assert rec["status"] == "timed_out" and rec["blockedBy"] is None, rec
     assert rec["outcome"]["error"]["name"] == "DeadlineExceeded", rec
     assert rec["dueAt"] is None
-    assert [e["kind"] for e in await store.events(eid)][-1] == "timed_out"
+    assert [e["kind"] for e in await store.history.events(eid)][-1] == "timed_out"
     assert (eid, "after") not in flows.CALLS
 
 
@@ -52,17 +52,17 @@ async def test_timed_out_while_leased_at_the_holders_next_fenced_write(
     eid = await admit(store, "op-gated", "deadline-leased", timeout_seconds=3600)
     await asyncio.wait_for(flows.STARTED[eid].wait(), 10)
     await past_deadline(pool, eid)
-    assert (await store.get(eid))["status"] == "running"  # the holder decides, at its next write
+    assert (await store.history.get(eid))["status"] == "running"  # the holder decides, at its next write
 
     flows.GATES[eid].set()
     rec = await wait_status(store, eid, "timed_out")
     assert rec["outcome"]["error"]["name"] == "DeadlineExceeded", rec
-    steps = (await store.steps([eid]))[eid]
+    steps = (await store.history.steps([eid]))[eid]
     assert sorted(steps) == ["cleanup-deadline", "finally", "slow"], steps  # never "after"
     assert (eid, "after") not in flows.CALLS
     [ack] = await events_of(store, eid, "acknowledged")
     assert (ack["token"], ack["detail"]["status"]) == (1, "timed_out"), ack
-    assert [e["kind"] for e in await store.events(eid)][-1] == "timed_out"
+    assert [e["kind"] for e in await store.history.events(eid)][-1] == "timed_out"
 
 
 async def test_a_step_retry_is_not_scheduled_past_the_deadline(
@@ -77,7 +77,7 @@ async def test_a_step_retry_is_not_scheduled_past_the_deadline(
     assert flows.CALLS.count((eid, "flaky")) == 1, flows.CALLS
     # The one right answer: the last attempt's failure stands recorded, and
     # the execution is timed out (not failed): no retry past the deadline.
-    step = (await store.steps([eid]))[eid]["flaky"]
+    step = (await store.history.steps([eid]))[eid]["flaky"]
     assert (step.status, step.attempts) == ("failed", 1), step
     assert step.error["name"] == "Declined", step
     assert rec["status"] == "timed_out", rec
@@ -89,8 +89,8 @@ async def test_a_sleep_ending_after_the_deadline_wakes_at_the_deadline_and_times
     await workers.start()
     eid = await admit(store, "op-sleep", "deadline-sleep", {"seconds": 60}, timeout_seconds=2)
     await wait_status(store, eid, "suspended")
-    assert await store.get(eid) and (await store.get(eid))["due_at"] == \
-        (await store.get(eid))["deadline"]  # the wake is at the deadline, not at 60 s
+    assert await store.history.get(eid) and (await store.history.get(eid))["due_at"] == \
+        (await store.history.get(eid))["deadline"]  # the wake is at the deadline, not at 60 s
     rec = await wait_status(store, eid, "timed_out", timeout=10)
     assert rec["outcome"]["error"]["name"] == "DeadlineExceeded", rec
     acks = [e["detail"]["status"] for e in await events_of(store, eid, "acknowledged")]
@@ -104,11 +104,11 @@ async def test_a_redelivery_that_would_start_after_the_deadline_is_not_scheduled
         pool: asyncpg.Pool, op_settings) -> None:
     store = ExecutionStore(pool, redelivery_base_seconds=60, redelivery_cap_seconds=60)
     eid = await admit(store, "op-quick", "deadline-redelivery", timeout_seconds=30)
-    [d] = await store.claim_due(1, 30, "w")
-    await store.release(d.lease)  # redelivery in 60 s, after the deadline
-    rec = await store.get(eid)
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.leases.release(d.lease)  # redelivery in 60 s, after the deadline
+    rec = await store.history.get(eid)
     assert rec["status"] == "timed_out", rec
-    assert [e["kind"] for e in await store.events(eid)][-2:] == ["released", "timed_out"]
+    assert [e["kind"] for e in await store.history.events(eid)][-2:] == ["released", "timed_out"]
 
 
 async def test_deadline_and_timeout_seconds_at_admission(
@@ -158,12 +158,12 @@ async def test_deadline_and_timeout_seconds_at_admission(
 async def test_timed_out_while_parked(store: ExecutionStore, pool: asyncpg.Pool) -> None:
     eid = await admit(store, "op-charge", "deadline-parked", {"recovery": "neither"},
                       timeout_seconds=3600)
-    [d] = await store.claim_due(1, 30, "w")
-    await store.begin_effect(d.lease, "charge", idempotency_key="k", function_name="f")
-    await store.park_outcome_unknown(d.lease, "charge")
-    assert await store.sweep_interrupted() == []
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key="k", function_name="f")
+    await store.effects.park_outcome_unknown(d.lease, "charge")
+    assert await store.leases.sweep_interrupted() == []
     await past_deadline(pool, eid)
-    assert await store.sweep_interrupted() == [eid]
-    rec = await store.get(eid)
+    assert await store.leases.sweep_interrupted() == [eid]
+    rec = await store.history.get(eid)
     assert (rec["status"], rec["parked_reason"], rec["parked_step"]) == ("timed_out", None, None)
-    assert [e["kind"] for e in await store.events(eid)][-1] == "timed_out"
+    assert [e["kind"] for e in await store.history.events(eid)][-1] == "timed_out"

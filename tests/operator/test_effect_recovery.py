@@ -95,7 +95,7 @@ async def test_sigkilled_idempotent_and_reconciled_effects_recover(
     assert {c["idempotency_key"] for c in calls} == {f"{idem}:charge"}
     charges = await remote_charges(pool, idem)
     assert len(charges) == 1 and charges[0]["calls"] == 2, charges
-    receipt = (await store.get(idem))["outcome"]["result"]["receipt"]
+    receipt = (await store.history.get(idem))["outcome"]["result"]["receipt"]
     assert receipt["chargeId"] == charges[0]["charge_id"] and receipt["deduplicated"], receipt
     assert receipt["pid"] == b.pid
     step = await step_row(pool, idem, "charge")
@@ -108,7 +108,7 @@ async def test_sigkilled_idempotent_and_reconciled_effects_recover(
     assert [c["pid"] for c in await remote_calls(pool, found, "reconcile")] == [b.pid]
     charges = await remote_charges(pool, found)
     assert len(charges) == 1 and charges[0]["calls"] == 1, charges
-    receipt = (await store.get(found))["outcome"]["result"]["receipt"]
+    receipt = (await store.history.get(found))["outcome"]["result"]["receipt"]
     assert receipt == {"chargeId": charges[0]["charge_id"], "amount": 100, "reconciled": True}
     assert (await step_row(pool, found, "charge"))["token"] == 2
     assert await events_of(store, found, "effect_attempted") == []
@@ -120,7 +120,7 @@ async def test_sigkilled_idempotent_and_reconciled_effects_recover(
     assert [c["pid"] for c in await remote_calls(pool, missing, "reconcile")] == [b.pid]
     charges = await remote_charges(pool, missing)
     assert len(charges) == 1 and charges[0]["calls"] == 1, charges  # charged once, by B
-    receipt = (await store.get(missing))["outcome"]["result"]["receipt"]
+    receipt = (await store.history.get(missing))["outcome"]["result"]["receipt"]
     assert receipt["pid"] == b.pid and not receipt["deduplicated"], receipt
 
     for eid in eids:
@@ -158,7 +158,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
     await asyncio.sleep(LEASE_SECONDS + 0.5)  # B polls through a whole lease: no claim
     assert b.alive()
     for eid in eids:
-        rec = await store.get(eid)
+        rec = await store.history.get(eid)
         assert (rec["status"], rec["token"]) == ("parked", 2), rec
         assert [e["token"] for e in await events_of(store, eid, "claimed")] == [1, 2]
 
@@ -179,7 +179,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
     for eid in eids:
         await wait_status(store, eid, "completed", timeout=10)
 
-    assert (await store.get(ok))["outcome"]["result"] == {
+    assert (await store.history.get(ok))["outcome"]["result"] == {
         "receipt": {"chargeId": "manual-1"}, "after": "ok"}
     assert [c["pid"] for c in await remote_calls(pool, ok)] == [a.pid]
     resolved = await events_of(store, ok, "resolved")
@@ -187,7 +187,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
         {"stepKey": "charge", "action": "succeed", "by": "ops@example",
          "result": {"chargeId": "manual-1"}}], resolved
 
-    assert (await store.get(fail))["outcome"]["result"]["receipt"] == {
+    assert (await store.history.get(fail))["outcome"]["result"]["receipt"] == {
         "stepFailed": "charge", "name": "CardDeclined", "message": "declined by bank"}
     assert [c["pid"] for c in await remote_calls(pool, fail)] == [a.pid]
     assert [e["detail"]["action"] for e in await events_of(store, fail, "resolved")] == ["fail"]
@@ -195,7 +195,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
     calls = await remote_calls(pool, retry)
     assert [c["pid"] for c in calls] == [a.pid, b.pid], calls
     assert {c["idempotency_key"] for c in calls} == {f"{retry}:charge"}
-    receipt = (await store.get(retry))["outcome"]["result"]["receipt"]
+    receipt = (await store.history.get(retry))["outcome"]["result"]["receipt"]
     assert receipt["pid"] == b.pid, receipt
     assert [e["detail"]["action"] for e in await events_of(store, retry, "resolved")] == ["retry"]
     # succeed/fail settled the attempt (the step is the receipt); retry made a second one.
@@ -222,7 +222,7 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
 
     a.send(signal.SIGSTOP)
     try:
-        held = await store.get(eid)
+        held = await store.history.get(eid)
         assert held["status"] == "running" and held["lease_owner"] == a.worker_id, held
         # The lease is a shared setting: B starts with A's (a process with
         # another value refuses to start).
@@ -271,7 +271,7 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
     assert await pool.fetch(
         "SELECT * FROM execution_steps WHERE execution_id = $1 ORDER BY step_key", eid
     ) == steps_before
-    after = await store.get(eid)
+    after = await store.history.get(eid)
     assert (after["status"], after["outcome"], after["token"]) == (
         "completed", done["outcome"], done["token"])
     assert after["outcome"]["result"]["receipt"]["pid"] == b.pid

@@ -30,15 +30,15 @@ LIVE_WORKFLOWS = ["op-quick", "op-sleep", "op-gated", "op-charge", "op-w1", "op-
 
 
 async def _claim(store: ExecutionStore, workflow_id: str):
-    [d] = await store.claim_due(1, 30, "holder-1", [workflow_id])
+    [d] = await store.leases.claim_due(1, 30, "holder-1", [workflow_id])
     return d.lease
 
 
 async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str, str]:
     """{execution_id: the blockedBy reason it must read}: one per reason."""
-    await store.register_worker("w-live", host="t", pid=1, workflows=LIVE_WORKFLOWS,
+    await store.workers.register_worker("w-live", host="t", pid=1, workflows=LIVE_WORKFLOWS,
                                 concurrency=1)
-    now = await store.db_now()
+    now = await store.clock.db_now()
     await admit(store, "op-w1", "r-leased")
     await _claim(store, "op-w1")
     await admit(store, "op-w2", "r-expired")
@@ -46,27 +46,27 @@ async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = 'r-expired'")
     await admit(store, "op-w3", "r-delay")
-    await store.release(await _claim(store, "op-w3"))
+    await store.leases.release(await _claim(store, "op-w3"))
     await pool.execute("UPDATE executions SET redeliver_after = now() + interval '1 hour' "
                        "WHERE execution_id = 'r-delay'")
     await admit(store, "op-w4", "r-sleeping")
     lease = await _claim(store, "op-w4")
-    await store.request_wake("r-sleeping", now + timedelta(hours=1))
-    await store.acknowledge(lease, "suspended", waiting_on={"sleep": "nap"})
+    await store.operator.request_wake("r-sleeping", now + timedelta(hours=1))
+    await store.leases.acknowledge(lease, "suspended", waiting_on={"sleep": "nap"})
     await admit(store, "op-w5", "r-signal")
-    await store.acknowledge(await _claim(store, "op-w5"), "suspended",
+    await store.leases.acknowledge(await _claim(store, "op-w5"), "suspended",
                             waiting_on={"signal": "approve"})
     await admit(store, "op-w6", "r-parent")
-    await store.acknowledge(await _claim(store, "op-w6"), "suspended",
+    await store.leases.acknowledge(await _claim(store, "op-w6"), "suspended",
                             waiting_on={"child": "r-parent~child"})
     await admit(store, "op-w7", "r-parked")
-    await store.begin_effect(await _claim(store, "op-w7"), "charge", idempotency_key="k",
+    await store.effects.begin_effect(await _claim(store, "op-w7"), "charge", idempotency_key="k",
                              function_name="remote")
     await pool.execute("UPDATE executions SET status = 'parked', parked_reason = 'poison', "
                        "lease_owner = NULL, lease_expires_at = NULL, due_at = NULL "
                        "WHERE execution_id = 'r-parked'")
     await admit(store, "op-w8", "r-done")
-    await store.acknowledge(await _claim(store, "op-w8"), "completed", result={"ok": 1})
+    await store.leases.acknowledge(await _claim(store, "op-w8"), "completed", result={"ok": 1})
     await admit(store, "op-quick", "r-due")
     await admit(store, "op-nobody-runs-this", "r-no-worker")
     return {
@@ -84,7 +84,7 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     assert set(views.BLOCKED_REASONS) == set(REASONS), "the dashboard knows every reason"
     live = set(LIVE_WORKFLOWS)
 
-    rows, total = await store.ui_list(live_workflows=live, limit=100)
+    rows, total = await store.dashboard.ui_list(live_workflows=live, limit=100)
     assert total == len(expected)
     listed = {r["execution_id"]: r for r in rows}
     for eid, reason in expected.items():
@@ -98,7 +98,7 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
             "dashboard words": views.explain_blocked(python, row).reason,
         }
         assert seen == dict.fromkeys(seen, reason), (eid, seen)
-        found, n = await store.ui_list(live_workflows=live, blocked_by=reason)
+        found, n = await store.dashboard.ui_list(live_workflows=live, blocked_by=reason)
         assert (n, [r["execution_id"] for r in found]) == (1, [eid]), reason
 
     # The parent waiting for its child is not "waiting for a free worker".
@@ -136,14 +136,14 @@ async def test_an_expired_lease_reads_as_the_reaper_will_leave_it(
     eid = f"heal-{rule}"
     await admit(store, "op-quick", eid, timeout_seconds=3600)
     lease = await _claim(store, "op-quick")
-    await store.acknowledge(lease, "suspended", waiting_on={"signal": "s"})
-    await store.request_wake(eid)
+    await store.leases.acknowledge(lease, "suspended", waiting_on={"signal": "s"})
+    await store.operator.request_wake(eid)
     lease = await _claim(store, "op-quick")  # a second delivery: ever suspended
     if rule in ("cancel", "cancel-and-poison"):
-        assert (await store.request_cancel(eid, "ops"))[0] == "requested"
+        assert (await store.operator.request_cancel(eid, "ops"))[0] == "requested"
     if rule in ("poison", "cancel-and-poison"):
         await pool.execute("UPDATE executions SET unacknowledged_deliveries = $2 "
-                           "WHERE execution_id = $1", eid, store.max_unacknowledged - 1)
+                           "WHERE execution_id = $1", eid, store.config.max_unacknowledged - 1)
     if rule == "deadline-passed":
         await pool.execute("UPDATE executions SET deadline = now() - interval '1 second' "
                            "WHERE execution_id = $1", eid)
@@ -153,10 +153,10 @@ async def test_an_expired_lease_reads_as_the_reaper_will_leave_it(
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = $1", eid)
 
-    healed = await store.get(eid)
-    [listed] = (await store.ui_list(live_workflows={"op-quick"}))[0]
-    counts = await store.status_counts()
-    gauges = await store.metrics_snapshot()
+    healed = await store.history.get(eid)
+    [listed] = (await store.dashboard.ui_list(live_workflows={"op-quick"}))[0]
+    counts = await store.dashboard.status_counts()
+    gauges = await store.workers.metrics_snapshot()
     expected_status = {
         "plain": "suspended", "cancel": "cancelled", "deadline-passed": "timed_out",
         "deadline-before-redelivery": "timed_out", "poison": "parked",
@@ -174,19 +174,19 @@ async def test_an_expired_lease_reads_as_the_reaper_will_leave_it(
             if expected_status == "parked" else None)
 
     assert (await LeaseReaper(store).run_once()).expired == 1
-    reaped = await store.get(eid)
+    reaped = await store.history.get(eid)
     assert reaped["lease_expired"] is False
     assert _view(reaped) == _view(healed), (rule, healed, reaped)
     if rule != "plain":  # "plain" reads lease-expired until the reaper writes it
         assert blocked_by(reaped, {"op-quick"}) == blocked_by(healed, {"op-quick"})
-    assert await store.status_counts() == counts
-    assert (await store.metrics_snapshot())["by_status"] == gauges["by_status"]
+    assert await store.dashboard.status_counts() == counts
+    assert (await store.workers.metrics_snapshot())["by_status"] == gauges["by_status"]
 
 
 async def test_an_unheld_record_past_its_cleanup_window_reads_timed_out_before_the_sweep(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "heal-sweep", timeout_seconds=3600)
-    await store.acknowledge(await _claim(store, "op-quick"), "suspended",
+    await store.leases.acknowledge(await _claim(store, "op-quick"), "suspended",
                             waiting_on={"signal": "s"})
     # Past the deadline but within the cleanup window (30 s): still waiting
     # for the delivery that raises DeadlineExceeded, due at once.
@@ -201,7 +201,7 @@ async def test_an_unheld_record_past_its_cleanup_window_reads_timed_out_before_t
     healed = await get_record(api, eid)
     assert (healed["status"], healed["blockedBy"]) == ("timed_out", None), healed
     assert healed["outcome"]["error"]["name"] == "DeadlineExceeded"
-    assert await store.status_counts() == {"timed_out": 1}
+    assert await store.dashboard.status_counts() == {"timed_out": 1}
     await LeaseReaper(store).run_once()
     swept = await get_record(api, eid)
     for key in ("status", "outcome", "dueAt", "blockedBy", "parked"):
@@ -263,10 +263,10 @@ async def test_reads_use_the_stores_own_poison_threshold(pool: asyncpg.Pool) -> 
     await pool.execute("UPDATE executions SET unacknowledged_deliveries = 2, "
                        "lease_expires_at = now() - interval '1 second' WHERE execution_id = $1",
                        eid)
-    [listed] = (await store.ui_list(live_workflows={"op-quick"}))[0]
+    [listed] = (await store.dashboard.ui_list(live_workflows={"op-quick"}))[0]
     assert (listed["status"], listed["parked_reason"]) == ("parked", "poison")
-    assert await store.status_counts() == {"parked": 1}
-    assert (await store.metrics_snapshot())["parked"] == {"poison": 1}
+    assert await store.dashboard.status_counts() == {"parked": 1}
+    assert (await store.workers.metrics_snapshot())["parked"] == {"poison": 1}
 
 
 async def test_get_and_list_use_the_stores_own_poison_threshold(pool: asyncpg.Pool) -> None:
@@ -276,8 +276,8 @@ async def test_get_and_list_use_the_stores_own_poison_threshold(pool: asyncpg.Po
     await pool.execute("UPDATE executions SET unacknowledged_deliveries = 2, "
                        "lease_expires_at = now() - interval '1 second' WHERE execution_id = $1",
                        eid)
-    got = await store.get(eid)
-    [listed], _ = await store.list()
+    got = await store.history.get(eid)
+    [listed], _ = await store.history.list()
     assert (got["status"], listed["status"]) == ("parked", "parked")
     await LeaseReaper(store).run_once()
-    assert (await store.get(eid))["status"] == "parked"
+    assert (await store.history.get(eid))["status"] == "parked"

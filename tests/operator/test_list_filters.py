@@ -27,13 +27,13 @@ async def some_of_each(store: ExecutionStore) -> dict[str, str]:
     """Executions in several blockedBy states: execution ID -> expected reason."""
     for eid in ("lf-leased", "lf-done", "lf-signal", "lf-failed"):
         await admit(store, "op-quick", eid)
-    leases = {d.lease.execution_id: d.lease for d in await store.claim_due(10, 30, "holder")}
-    await store.acknowledge(leases["lf-done"], "completed", result={"n": 1})
-    await store.acknowledge(leases["lf-failed"], "failed", error={"name": "Boom", "message": "m"})
-    await store.acknowledge(leases["lf-signal"], "suspended", waiting_on={"signal": "go"})
+    leases = {d.lease.execution_id: d.lease for d in await store.leases.claim_due(10, 30, "holder")}
+    await store.leases.acknowledge(leases["lf-done"], "completed", result={"n": 1})
+    await store.leases.acknowledge(leases["lf-failed"], "failed", error={"name": "Boom", "message": "m"})
+    await store.leases.acknowledge(leases["lf-signal"], "suspended", waiting_on={"signal": "go"})
     await admit(store, "op-quick", "lf-due")
     await admit(store, "op-sleep", "lf-no-worker")
-    await store.register_worker("lf-w", host="test", pid=1, workflows=["op-quick"],
+    await store.workers.register_worker("lf-w", host="test", pid=1, workflows=["op-quick"],
                                 concurrency=1)
     return {"lf-leased": "leased", "lf-signal": "waiting-for-signal", "lf-due": "due",
             "lf-no-worker": "no-worker"}

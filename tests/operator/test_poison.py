@@ -48,7 +48,7 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     assert [(r["name"], r["message"]) for r in reasons] == [("Retry", "not today")] * MAX, reasons
 
     await workers.claim_rounds(3)  # the worker looked again and again: nobody claims it
-    assert (await store.get(eid))["token"] == MAX and len(deliveries(eid)) == MAX
+    assert (await store.history.get(eid))["token"] == MAX and len(deliveries(eid)) == MAX
 
     r = await api.post(f"/v1/executions/{eid}/resume", json={"by": "bob"})
     assert r.status_code == 200 and r.json() == {"status": "admitted"}, r.text
@@ -72,15 +72,15 @@ async def test_poison_parking_without_a_deadline_records_the_reason_and_can_be_r
     by_expiry = await admit(store, "op-quick", "poison-by-expiry")
     for _ in range(MAX):
         await asyncio.sleep(0.01)  # past the (1 ms) redelivery delay
-        for d in await store.claim_due(10, 30, "w", ["op-quick"]):
+        for d in await store.leases.claim_due(10, 30, "w", ["op-quick"]):
             if d.lease.execution_id == by_release:
-                await store.release(d.lease)
+                await store.leases.release(d.lease)
         await pool.execute(
             "UPDATE executions SET lease_expires_at = now() - interval '1 second' "
             "WHERE execution_id = $1 AND status = 'running'", by_expiry)
-        await store.reap_expired()
+        await store.leases.reap_expired()
     for eid in (by_release, by_expiry):
-        rec = await store.get(eid)
+        rec = await store.history.get(eid)
         assert (rec["status"], rec["unacknowledged_deliveries"]) == ("parked", MAX), rec
         [parked] = await events_of(store, eid, "parked")
         assert parked["detail"]["reason"] == "poison"  # the event says so...
@@ -94,19 +94,19 @@ async def test_resume_of_an_execution_not_parked_as_poison_is_409(
     admitted = await admit(store, "op-quick", "resume-admitted")
     done = await admit(store, "op-quick", "resume-completed")
     unknown = await admit(store, "op-charge", "resume-outcome-unknown", {"recovery": "neither"})
-    claimed = {d.lease.execution_id: d for d in await store.claim_due(10, 30, "w")}
-    await store.acknowledge(claimed[done].lease, "completed", result={})
+    claimed = {d.lease.execution_id: d for d in await store.leases.claim_due(10, 30, "w")}
+    await store.leases.acknowledge(claimed[done].lease, "completed", result={})
     lease = claimed[unknown].lease
-    await store.begin_effect(lease, "charge", idempotency_key="k", function_name="remote_charge")
-    await store.park_outcome_unknown(lease, "charge")
-    await store.release(claimed[admitted].lease)
+    await store.effects.begin_effect(lease, "charge", idempotency_key="k", function_name="remote_charge")
+    await store.effects.park_outcome_unknown(lease, "charge")
+    await store.leases.release(claimed[admitted].lease)
 
     before = await event_count(store)
     for eid, status in ((admitted, "admitted"), (done, "completed"), (unknown, "parked")):
         err = assert_error(await api.post(f"/v1/executions/{eid}/resume"), 409,
                            "EXECUTION_NOT_PARKED")
         assert err["status"] == status, err
-        assert (await store.get(eid))["status"] == status
+        assert (await store.history.get(eid))["status"] == status
     assert_error(await api.post("/v1/executions/nope/resume"), 404, "EXECUTION_NOT_FOUND")
     assert await event_count(store) == before
 
@@ -128,7 +128,7 @@ async def test_worker_process_crashing_every_delivery_ends_parked_as_poison(
     assert (rec["parked_reason"], rec["unacknowledged_deliveries"], rec["token"]) == (
         "poison", MAX, MAX), rec
     await asyncio.sleep(LEASE_SECONDS)  # a lease of a live worker polling: still nobody claims it
-    assert survivor.alive() and (await store.get(eid))["token"] == MAX
+    assert survivor.alive() and (await store.history.get(eid))["token"] == MAX
     claimed = await events_of(store, eid, "claimed")
     assert [e["detail"]["owner"] for e in claimed] == [w.worker_id for w in dead], claimed
     assert [e["token"] for e in await events_of(store, eid, "lease_expired")] == [1, 2, 3]

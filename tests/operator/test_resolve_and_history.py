@@ -21,11 +21,11 @@ pytestmark = pytest.mark.timeout(60)
 async def parked_effect(store: ExecutionStore, eid: str) -> None:
     """An execution parked with step `charge` outcome_unknown (and step `before` recorded)."""
     await admit(store, "op-charge", eid, {"recovery": "neither"})
-    [d] = await store.claim_due(1, 30, "w", ["op-charge"])
-    await store.write_step(d.lease, "before", value={"ok": True}, function_name="f")
-    await store.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
+    [d] = await store.leases.claim_due(1, 30, "w", ["op-charge"])
+    await store.steps.write_step(d.lease, "before", value={"ok": True}, function_name="f")
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key=f"{eid}:charge",
                              function_name="remote_charge")
-    await store.park_outcome_unknown(d.lease, "charge")
+    await store.effects.park_outcome_unknown(d.lease, "charge")
 
 
 async def snapshot(pool: asyncpg.Pool, eid: str) -> tuple:
@@ -77,7 +77,7 @@ async def test_malformed_resolutions_are_422_and_change_nothing(
     r = await api.post(f"/v1/executions/{eid}/steps/charge/resolve",
                        json={"action": "succeed", "result": None})
     assert r.status_code == 200 and r.json() == {"status": "admitted"}, r.text
-    steps = await store.steps([eid])
+    steps = await store.history.steps([eid])
     assert steps[eid]["charge"].status == "completed" and steps[eid]["charge"].value is None
     n = await event_count(store)
     err = assert_error(await api.post(f"/v1/executions/{eid}/steps/charge/resolve",
@@ -120,11 +120,11 @@ async def test_steps_omit_values_unless_asked_and_show_attempts_in_doubt(
     big = {"blob": os.urandom(2500).hex()}  # incompressible
     # A second delivery's worth of steps, on another execution.
     eid2 = await admit(store, "op-quick", "history-values")
-    [d] = await store.claim_due(1, 30, "w", ["op-quick"])
-    await store.write_step(d.lease, "big", value=big, function_name="f")
-    await store.write_step(d.lease, "bad", error={"name": "Declined", "message": "no"},
+    [d] = await store.leases.claim_due(1, 30, "w", ["op-quick"])
+    await store.steps.write_step(d.lease, "big", value=big, function_name="f")
+    await store.steps.write_step(d.lease, "bad", error={"name": "Declined", "message": "no"},
                            function_name="g", attempts=3)
-    await store.acknowledge(d.lease, "completed", result={})
+    await store.leases.acknowledge(d.lease, "completed", result={})
 
     steps = (await api.get(f"/v1/executions/{eid2}/steps")).json()["steps"]
     assert [s["stepKey"] for s in steps] == ["big", "bad"], steps
@@ -149,15 +149,15 @@ async def test_steps_omit_values_unless_asked_and_show_attempts_in_doubt(
 async def test_events_and_late_observations(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "history-events")
-    [a] = await store.claim_due(1, 30, "A")
+    [a] = await store.leases.claim_due(1, 30, "A")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = $1", eid)
-    [b] = await store.claim_due(1, 30, "B")
-    await store.write_step(b.lease, "one", value=1, function_name="f")
-    await store.acknowledge(b.lease, "completed", result={"one": 1})
+    [b] = await store.leases.claim_due(1, 30, "B")
+    await store.steps.write_step(b.lease, "one", value=1, function_name="f")
+    await store.leases.acknowledge(b.lease, "completed", result={"one": 1})
     assert (await api.get(f"/v1/executions/{eid}/late-observations")).json() == {
         "lateObservations": [], "nextAfter": None}
-    await store.record_late_observation(a.lease, "one", value={"late": True})
+    await store.steps.record_late_observation(a.lease, "one", value={"late": True})
 
     events = (await api.get(f"/v1/executions/{eid}/events")).json()
     assert events["nextAfter"] is None
@@ -181,4 +181,4 @@ async def test_events_and_late_observations(
     steps = (await api.get(f"/v1/executions/{eid}/steps",
                            params={"includeValues": "true"})).json()["steps"]
     assert [(s["stepKey"], s["token"], s["result"]) for s in steps] == [("one", 2, 1)]
-    assert (await store.get(eid))["outcome"] == {"result": {"one": 1}}
+    assert (await store.history.get(eid))["outcome"] == {"result": {"one": 1}}

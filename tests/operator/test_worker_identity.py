@@ -41,10 +41,10 @@ async def test_an_id_held_by_a_live_worker_is_refused(procs: Procs, pool: asyncp
 
 async def test_the_workers_list_shows_leases_in_flight_capacity_and_start(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
-    await store.register_worker("w-1", host="h", pid=1, workflows=["op-quick"], concurrency=4)
+    await store.workers.register_worker("w-1", host="h", pid=1, workflows=["op-quick"], concurrency=4)
     for eid in ("wi-1", "wi-2", "wi-3"):
         await admit(store, "op-quick", eid)
-    await store.claim_due(2, 30, "w-1")
+    await store.leases.claim_due(2, 30, "w-1")
     # One of its two leases expired (the holder stopped renewing it).
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = (SELECT min(execution_id) FROM executions "
@@ -53,9 +53,9 @@ async def test_the_workers_list_shows_leases_in_flight_capacity_and_start(
     assert (w["leasesHeld"], w["inFlight"], w["capacity"]) == (1, 2, 4), w
 
     first_start = datetime.fromisoformat(w["startedAt"])
-    await store.worker_stopped("w-1")
+    await store.workers.worker_stopped("w-1")
     await pool.execute("UPDATE workers SET started_at = started_at - interval '1 hour'")
-    await store.register_worker("w-1", host="h", pid=2, workflows=["op-quick"], concurrency=8)
+    await store.workers.register_worker("w-1", host="h", pid=2, workflows=["op-quick"], concurrency=8)
     [w] = (await api.get("/v1/workers")).json()["workers"]
     assert datetime.fromisoformat(w["startedAt"]) >= first_start, w  # this start, not the first
     assert (w["pid"], w["capacity"], w["alive"]) == (2, 8, True)

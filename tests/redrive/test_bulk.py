@@ -100,19 +100,19 @@ async def test_bulk_requests_are_checked_and_change_nothing(
     assert_error(await api.get("/v1/operations/op-0000000000000000"), 404, "OPERATION_NOT_FOUND")
     assert_error(await api.get("/v1/operations/whatever"), 404, "OPERATION_NOT_FOUND")
     assert await store.pool.fetchval("SELECT count(*) FROM operations") == 0
-    assert (await store.get("untouched"))["status"] == "admitted"
+    assert (await store.history.get("untouched"))["status"] == "admitted"
 
 
 async def test_bulk_resume_and_resolve(store: ExecutionStore, api: httpx.AsyncClient) -> None:
     poison = await admit(store, "rd-order", "poison-1")
-    [d] = await store.claim_due(1, 30, "w")
+    [d] = await store.leases.claim_due(1, 30, "w")
     await store.pool.execute("UPDATE executions SET unacknowledged_deliveries = 1000 "
                              "WHERE execution_id = $1", poison)
-    await store.release(d.lease)
+    await store.leases.release(d.lease)
     unknown = await admit(store, "rd-order", "unknown-1")
-    [d] = await store.claim_due(1, 30, "w")
-    await store.begin_effect(d.lease, "charge", idempotency_key="k", function_name="charge")
-    await store.park_outcome_unknown(d.lease, "charge")
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.effects.begin_effect(d.lease, "charge", idempotency_key="k", function_name="charge")
+    await store.effects.park_outcome_unknown(d.lease, "charge")
 
     # Resume matches both parked ones and fails on the one not parked as poison;
     # resolve then matches only the one still parked.
@@ -123,12 +123,12 @@ async def test_bulk_resume_and_resolve(store: ExecutionStore, api: httpx.AsyncCl
         r = await api.post("/v1/operations", json={
             "action": action, "filter": {"status": "parked"}, **extra})
         assert r.status_code == 202, r.text
-        while await store.run_operation_batch(10):
+        while await store.operations.run_operation_batch(10):
             pass
         op = await operation(api, r.json()["operationId"])
         assert (op["status"], op["done"], op["failed"]) == ("completed", *outcome), op
-    assert (await store.get(poison))["status"] == "admitted"
-    assert (await store.steps([unknown]))[unknown]["charge"].value == {"charge": "ch_1"}
+    assert (await store.history.get(poison))["status"] == "admitted"
+    assert (await store.history.steps([unknown]))[unknown]["charge"].value == {"charge": "ch_1"}
 
 
 # ------------------------------------------------------- real worker processes
@@ -153,32 +153,32 @@ async def test_a_bulk_redrive_of_500_failed_executions_survives_a_sigkilled_work
     a = await h.start_worker("A", concurrency=16)
     b = await h.start_worker("B", concurrency=16)
     for i in range(n):
-        await h.store.admit(workflow_id="rd-bulk", params={}, execution_id=f"b-{i:03d}")
+        await h.store.admissions.admit(workflow_id="rd-bulk", params={}, execution_id=f"b-{i:03d}")
     eids = [f"b-{i:03d}" for i in range(n)]
     await h.wait_for(lambda: h.all_terminal(eids), timeout=120, what="all 500 failed")
     assert set((await h.statuses(eids)).values()) == {"failed"}
 
     (h.mark_dir / "rd-fixed").write_text("the cause is fixed")
-    created = await h.store.create_operation(
+    created = await h.store.operations.create_operation(
         "redrive", {"workflowId": "rd-bulk", "status": "failed"}, by="ops",
         reason="downstream back")
     op_id = created["operation_id"]
     assert created["matched"] == n
 
     async def some_done() -> bool:
-        op = await h.store.get_operation(op_id)
+        op = await h.store.operations.get_operation(op_id)
         return op["done"] >= 50
     await h.wait_for(some_done, timeout=60, what="the operation under way")
     a.signal(signal.SIGKILL)
-    mid = await h.store.get_operation(op_id)
+    mid = await h.store.operations.get_operation(op_id)
     print(f"worker A SIGKILLed with {mid['done']} of {n} items done")
     assert mid["done"] < n, "the operation finished before the kill: nothing was tested"
 
     async def complete() -> bool:
-        op = await h.store.get_operation(op_id)
+        op = await h.store.operations.get_operation(op_id)
         return op["status"] == "completed"
     await h.wait_for(complete, timeout=120, what="the operation completed")
-    op = await h.store.get_operation(op_id)
+    op = await h.store.operations.get_operation(op_id)
     assert (op["done"], op["failed"], op["pending"]) == (n, 0, 0), op
     await h.wait_for(lambda: h.all_terminal(eids), timeout=120, what="all 500 ended again")
     assert set((await h.statuses(eids)).values()) == {"completed"}

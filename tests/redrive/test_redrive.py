@@ -99,7 +99,7 @@ async def test_a_cancelled_execution_redriven_runs_its_wait_again_not_its_cleanu
     await workers.start()
     eid = await admit(store, "rd-approval", "appr-1")
     await wait_status(store, eid, "suspended")
-    await store.request_cancel(eid, "ops")
+    await store.operator.request_cancel(eid, "ops")
     await wait_status(store, eid, "cancelled")
     assert flows.calls(eid, "release") == 1
 
@@ -112,7 +112,7 @@ async def test_a_cancelled_execution_redriven_runs_its_wait_again_not_its_cleanu
 
     rec = await wait_until(waiting, timeout=10, what="waiting for the decision again")
     assert rec["cancelRequestedAt"] is None and rec["token"] == 3, rec
-    answer, _ = await store.send_signal(eid, "decision", "yes")
+    answer, _ = await store.signals.send_signal(eid, "decision", "yes")
     assert answer == "received"
     done = await wait_status(store, eid, "completed")
     assert done["outcome"]["result"] == "decided yes"
@@ -136,41 +136,41 @@ async def test_redrive_refuses_what_has_not_ended_and_changes_nothing(
 
 async def test_two_redrives_at_once_make_one(store: ExecutionStore, pool) -> None:
     eid = await admit(store, "rd-order", "race-1")
-    [d] = await store.claim_due(1, 30, "w")
-    await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.leases.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
     # Both queue on the row (a third connection holds it), then go at once.
     async with RowLock(pool, eid):
-        first = asyncio.create_task(store.redrive(eid, "a"))
+        first = asyncio.create_task(store.redrives.redrive(eid, "a"))
         await until_waiting(pool, 1, what="the first redrive", also=first.done)
-        second = asyncio.create_task(store.redrive(eid, "b"))
+        second = asyncio.create_task(store.redrives.redrive(eid, "b"))
         await until_waiting(pool, 2, what="the second redrive", also=second.done)
     answers = sorted([(await first)[0], (await second)[0]])
     assert answers == ["not_ended", "redriven"], answers
     assert len(await events_of(store, eid, "redriven")) == 1
-    assert (await store.get(eid))["redrives"] == 1
+    assert (await store.history.get(eid))["redrives"] == 1
 
 
 async def test_a_stale_holder_stays_fenced_out_across_a_redrive(store: ExecutionStore) -> None:
     eid = await admit(store, "rd-order", "stale-1")
-    [d] = await store.claim_due(1, 30, "w1")
+    [d] = await store.leases.claim_due(1, 30, "w1")
     stale = d.lease
-    assert await store.terminate(eid, "ops") == ("cancelled", "cancelled")
-    answer, redriven = await store.redrive(eid, "ops")
+    assert await store.operator.terminate(eid, "ops") == ("cancelled", "cancelled")
+    answer, redriven = await store.redrives.redrive(eid, "ops")
     assert answer == "redriven" and redriven.status == "admitted"
 
     # Between the redrive and the next claim, and after it: nothing of the
     # old holder lands.
     with pytest.raises(LeaseLost):
-        await store.write_step(stale, "reserve", value="x", function_name="reserve", attempts=1)
-    [fresh] = await store.claim_due(1, 30, "w2")
+        await store.steps.write_step(stale, "reserve", value="x", function_name="reserve", attempts=1)
+    [fresh] = await store.leases.claim_due(1, 30, "w2")
     assert fresh.lease.token == stale.token + 1
     with pytest.raises(LeaseLost):
-        await store.write_step(stale, "reserve", value="x", function_name="reserve", attempts=1)
+        await store.steps.write_step(stale, "reserve", value="x", function_name="reserve", attempts=1)
     with pytest.raises(LeaseLost):
-        await store.acknowledge(stale, "completed", result=1)
-    renewed, lost = await store.renew([stale], 30)
+        await store.leases.acknowledge(stale, "completed", result=1)
+    renewed, lost = await store.leases.renew([stale], 30)
     assert renewed == [] and lost == [stale]
-    assert (await store.get(eid))["status"] == "running"
+    assert (await store.history.get(eid))["status"] == "running"
 
 
 async def test_a_fork_copies_exactly_the_steps_before_from_step(

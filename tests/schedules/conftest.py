@@ -27,7 +27,7 @@ assert set(WORKFLOWS) == {"sched-test-minutely", "sched-test-nightly", "sched-te
 def make_schedule(store: ExecutionStore) -> Callable:
     async def _make(schedule_id: str, cron: str, *, tz: str = "UTC", catch_up: int | None = None,
                     workflow_id: str = "sched-test-plain", params=None) -> dict:
-        created, row = await store.create_schedule(
+        created, row = await store.schedules.create_schedule(
             schedule_id=schedule_id, workflow_id=workflow_id, cron=cron, timezone=tz,
             params={} if params is None else params, catch_up=catch_up,
         )

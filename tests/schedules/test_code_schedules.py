@@ -73,17 +73,17 @@ async def test_sync_upserts_code_schedules_and_keeps_their_state(store, pool):
         "sched-test-nightly": ("30 2 * * *", "Europe/Warsaw", "code", {}),
     }
     # Operators paused one; time passed. A restart keeps both.
-    await store.set_schedule_paused("sched-test-nightly", True)
+    await store.schedules.set_schedule_paused("sched-test-nightly", True)
     await pool.execute("UPDATE schedules SET last_slot = '2026-01-01T00:00Z'")
     await scheduler.sync_code_schedules()
-    nightly = await store.get_schedule("sched-test-nightly")
+    nightly = await store.schedules.get_schedule("sched-test-nightly")
     assert nightly["paused"] and nightly["last_slot"].isoformat() == "2026-01-01T00:00:00+00:00"
     # New code with another cron: the definition follows the code, the state stays.
     changed = dict(WORKFLOWS)
     changed["sched-test-nightly"] = dataclasses.replace(WORKFLOWS["sched-test-nightly"],
                                                         schedule="0 3 * * 1-5")
     await Scheduler(store, changed).sync_code_schedules()
-    nightly = await store.get_schedule("sched-test-nightly")
+    nightly = await store.schedules.get_schedule("sched-test-nightly")
     assert nightly["cron"] == "0 3 * * 1-5" and nightly["paused"]
 
 
@@ -93,14 +93,14 @@ async def test_code_no_longer_declaring_a_schedule_deletes_it(store):
     unscheduled["sched-test-minutely"] = dataclasses.replace(
         WORKFLOWS["sched-test-minutely"], schedule=None, timezone=None)
     await Scheduler(store, unscheduled).sync_code_schedules()
-    assert await store.get_schedule("sched-test-minutely") is None
-    assert await store.get_schedule("sched-test-nightly") is not None
+    assert await store.schedules.get_schedule("sched-test-minutely") is None
+    assert await store.schedules.get_schedule("sched-test-nightly") is not None
 
 
 async def test_api_schedules_of_other_ids_are_left_alone(store, make_schedule):
     await make_schedule("plain-hourly", "0 * * * *", workflow_id="sched-test-plain")
     await Scheduler(store, WORKFLOWS).sync_code_schedules()
-    row = await store.get_schedule("plain-hourly")
+    row = await store.schedules.get_schedule("plain-hourly")
     assert row["source"] == "api" and row["cron"] == "0 * * * *"
 
 
@@ -127,11 +127,11 @@ async def test_a_worker_upserts_code_schedules_on_start_and_fires_them(
     try:
         async def upserted():
             worker_alive()
-            return await store.get_schedule("sched-test-minutely")
+            return await store.schedules.get_schedule("sched-test-minutely")
 
         await wait_until(upserted, timeout=left(), interval=0.05,
                          what="the worker to upsert its code schedules")
-        assert (await store.get_schedule("sched-test-nightly"))["source"] == "code"
+        assert (await store.schedules.get_schedule("sched-test-nightly"))["source"] == "code"
         # The worker was "down" for three minutes: it fires the newest slot.
         await set_last_slot("sched-test-minutely", "date_trunc('minute', now()) - "
                             "interval '3 minutes'")

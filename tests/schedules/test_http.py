@@ -200,7 +200,7 @@ async def test_roles(settings, store):
     tokens = {}
     for role in ("trigger", "read", "operate"):
         token_id, token, digest = new_token()
-        await store.create_token(token_id, name=role, role=role, secret_sha256=digest)
+        await store.tokens.create_token(token_id, name=role, role=role, secret_sha256=digest)
         tokens[role] = {"Authorization": f"Bearer {token}"}
     async with asgi_client(api_settings(settings, auth="enabled"),
                            raise_app_exceptions=False) as c:

@@ -18,7 +18,7 @@ import pytest
 from app import cron
 from app.db import create_pool
 from app.scheduler import Scheduler
-from app.store import ExecutionStore, ScheduleTurn
+from app.store import ExecutionStore, Schedules, ScheduleTurn
 from tests.schedules.conftest import WORKFLOWS
 from tests.support.races import StatementGate
 
@@ -48,14 +48,14 @@ async def worker_stores(settings, n: int, store_class=ExecutionStore):
             await p.close()
 
 
-class UnlockedStore(ExecutionStore):
-    """A store whose schedule turns take no lock: evaluations overlap freely,
+class UnlockedSchedules(Schedules):
+    """Schedule turns that take no lock: evaluations overlap freely,
     so only the unique execution ID (the 409) stands between a slot and a
     second admission."""
 
     @contextlib.asynccontextmanager
     async def schedule_turn(self, schedule_id):
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.db.connection() as conn, conn.transaction():
             row = await conn.fetchrow(
                 "SELECT *, now() AS db_now FROM schedules WHERE schedule_id = $1 AND NOT paused",
                 schedule_id,
@@ -65,6 +65,14 @@ class UnlockedStore(ExecutionStore):
                 return
             schedule = dict(row)
             yield ScheduleTurn(conn, schedule, schedule.pop("db_now"))
+
+
+class UnlockedStore(ExecutionStore):
+    """A store whose schedules are UnlockedSchedules."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.schedules = UnlockedSchedules(self.pool, self.config)
 
 
 # ------------------------------------------------------------- exactly once
@@ -191,7 +199,7 @@ async def test_catch_up_1_admits_only_the_newest_slot_and_records_the_skipped(
     assert len(every) == 10  # (now - 10 h, now] holds ten hourly slots
     assert result.admitted == every[-1:] == await executions_of("s")
     assert result.skipped == 9
-    events = await store.schedule_events("s")
+    events = await store.schedules.schedule_events("s")
     skipped = [e for e in events if e["kind"] == "schedule_slots_skipped"]
     assert len(skipped) == 1 and skipped[0]["detail"]["skipped"] == 9
     assert skipped[0]["detail"]["catchUp"] == 1
@@ -201,7 +209,7 @@ async def test_catch_up_1_admits_only_the_newest_slot_and_records_the_skipped(
     # Nothing more to do on the next pass, and no second skip event.
     again = await Scheduler(store, WORKFLOWS).run_once()
     assert again.admitted == [] and again.skipped == 0
-    assert [e["kind"] for e in await store.schedule_events("s")].count(
+    assert [e["kind"] for e in await store.schedules.schedule_events("s")].count(
         "schedule_slots_skipped") == 1
 
 
@@ -231,18 +239,18 @@ async def test_paused_schedules_admit_nothing_and_resume_does_not_backfill(
         store, pool, make_schedule, set_last_slot, executions_of):
     await make_schedule("s", "* * * * *")
     await set_last_slot("s", "now() - interval '2 hours'")
-    paused = await store.set_schedule_paused("s", True, by="ops")
+    paused = await store.schedules.set_schedule_paused("s", True, by="ops")
     assert paused["paused"]
     before = await last_slot(pool, "s")
     result = await Scheduler(store, WORKFLOWS).run_once()
     assert result.admitted == [] and result.evaluated == 0
     assert await last_slot(pool, "s") == before
-    resumed = await store.set_schedule_paused("s", False, by="ops")
+    resumed = await store.schedules.set_schedule_paused("s", False, by="ops")
     # Resuming moved last_slot to the resume time: the paused hours never fire.
     assert not resumed["paused"] and resumed["last_slot"] == resumed["updated_at"]
     assert (await Scheduler(store, WORKFLOWS).run_once()).admitted == []
     assert await executions_of("s") == []
-    kinds = [e["kind"] for e in await store.schedule_events("s")]
+    kinds = [e["kind"] for e in await store.schedules.schedule_events("s")]
     assert kinds == ["schedule_created", "schedule_paused", "schedule_resumed"]
 
 
@@ -262,7 +270,7 @@ async def test_dst_through_the_scheduler(store, pool, make_schedule, set_last_sl
     await scheduler.run_once(until=utc(2025, 10, 26, 23))  # 27 October 00:00 CET
     assert await executions_of("nightly") == ["nightly~2025-03-30T01:30Z",
                                               "nightly~2025-10-26T00:30Z"]
-    record = await store.get("nightly~2025-03-30T01:30Z")
+    record = await store.history.get("nightly~2025-03-30T01:30Z")
     assert record["workflow_id"] == "sched-test-plain" and record["params"] == {"day": None}
     assert record["context"] == {"scheduleId": "nightly", "scheduledAt": "2025-03-30T01:30:00Z"}
 
@@ -309,11 +317,11 @@ async def test_schedule_events_are_pruned_after_retention(store, pool, make_sche
     await set_last_slot("s", "date_trunc('hour', now()) - interval '4 hours'")
     scheduler = Scheduler(store, WORKFLOWS, retention_seconds=3600)
     await scheduler.run_once()
-    assert len(await store.schedule_events("s")) == 4  # created, 2 fired, 1 skipped
+    assert len(await store.schedules.schedule_events("s")) == 4  # created, 2 fired, 1 skipped
     await pool.execute("UPDATE schedule_events SET at = at - interval '2 hours' "
                        "WHERE schedule_id = 's' AND kind = 'schedule_fired'")
     assert await scheduler.prune_events() == 2
-    assert [e["kind"] for e in await store.schedule_events("s")] == [
+    assert [e["kind"] for e in await store.schedules.schedule_events("s")] == [
         "schedule_created", "schedule_slots_skipped"]
 
 
@@ -323,13 +331,13 @@ async def test_a_schedule_with_no_slot_due_takes_no_lock(store, make_schedule, s
     the row lock) is taken only when a slot may be due."""
     await make_schedule("daily", "0 0 * * *")
     turns = []
-    real_turn = store.schedule_turn
+    real_turn = store.schedules.schedule_turn
 
     def counting_turn(schedule_id):
         turns.append(schedule_id)
         return real_turn(schedule_id)
 
-    monkeypatch.setattr(store, "schedule_turn", counting_turn)
+    monkeypatch.setattr(store.schedules, "schedule_turn", counting_turn)
     scheduler = Scheduler(store, WORKFLOWS)
     for _ in range(3):
         assert (await scheduler.run_once()).admitted == []

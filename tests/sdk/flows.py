@@ -376,8 +376,8 @@ async def counted(ctx: WorkflowContext, p: dict) -> str:
 async def ask_wake(execution_id: str, seconds: float) -> str:
     """Requests a wake for its own execution through the store, mid-delivery."""
     store = STORE["store"]
-    at = await store.db_now() + timedelta(seconds=seconds)
-    assert await store.request_wake(execution_id, at) == "requested"
+    at = await store.clock.db_now() + timedelta(seconds=seconds)
+    assert await store.operator.request_wake(execution_id, at) == "requested"
     return at.isoformat()
 
 

@@ -41,20 +41,20 @@ async def test_terminal_execution_delivered_again_returns_outcome_without_runnin
     await workers.start()
     eid = await admit(store, "sdk-counted", "terminal-1")
     record = await wait_status(store, eid, "completed")
-    events_before = await store.events(eid)
+    events_before = await store.history.events(eid)
 
     # Asking for another delivery of a terminal execution is ignored...
-    assert await store.request_wake(eid) == "ignored"
-    assert await store.request_wake(eid, await store.db_now() - timedelta(hours=1)) == "ignored"
+    assert await store.operator.request_wake(eid) == "ignored"
+    assert await store.operator.request_wake(eid, await store.clock.db_now() - timedelta(hours=1)) == "ignored"
     # ...and the worker, which has since claimed and finished a later
     # execution, never delivered the terminal one again.
     sentinel = await admit(store, "sdk-counted", "terminal-sentinel")
     await wait_status(store, sentinel, "completed")
 
-    after = await store.get(eid)
+    after = await store.history.get(eid)
     assert after["status"] == "completed" and after["outcome"] == record["outcome"]
     assert after["token"] == 1 and after["due_at"] is None
-    assert await store.events(eid) == events_before
+    assert await store.history.events(eid) == events_before
     assert flows.calls(eid, "body") == 1 and flows.calls(eid, "only") == 1
 
 
@@ -67,7 +67,7 @@ async def test_wake_requested_during_a_delivery_is_kept_after_it_acknowledges(st
     acked = await wait_event(store, eid, "acknowledged")
     assert acked[0]["detail"]["status"] == "suspended"
     wake_at = parse_ts((await step_rows(store.pool, eid))["ask-wake"]["value"])
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert record["read_at"] < wake_at  # (1 s of margin to read it before it is due)
     assert (record["status"], record["due_at"]) == ("suspended", wake_at)
 
@@ -79,7 +79,7 @@ async def test_wake_requested_during_a_delivery_is_kept_after_it_acknowledges(st
     assert record["due_at"] is None  # that wake was used up
     assert flows.calls(eid, "body") == 2
 
-    await store.send_signal(eid, "done", "finished")
+    await store.signals.send_signal(eid, "done", "finished")
     record = await wait_status(store, eid, "completed")
     assert record["outcome"] == {"result": "finished"}
 
@@ -92,7 +92,7 @@ async def test_renewal_keeps_a_delivery_longer_than_one_lease_on_one_claim(store
 
     assert record["outcome"] == {"result": "slept"}
     assert record["token"] == 1
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     # (Events after the acknowledgement are left out: a renewal racing the end
     # of a delivery may append a spurious 'renewal_lost', see
     # test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal.)
@@ -117,7 +117,7 @@ async def test_a_delivery_ended_by_its_holder_is_not_recorded_as_a_lost_renewal(
     eid = f"end-then-renew-{end}"
     # The batched renewal the renewer calls (renew_with_interrupts, or renew),
     # on the renewer's own store where the worker has one.
-    renewer = getattr(worker, "control", None) or worker.store
+    renewer = (getattr(worker, "control", None) or worker.store).leases
     method = "renew_with_interrupts" if hasattr(renewer, "renew_with_interrupts") else "renew"
     original = getattr(renewer, method)
     snapshotted, proceed, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -156,7 +156,7 @@ async def test_retry_replies_are_redelivered_after_growing_delays(store, workers
     assert record["outcome"] == {"result": {"attempt": 6}}
     assert flows.SEEN[eid] == [1, 2, 3, 4, 5, 6]
 
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     released = [e for e in events if e["kind"] == "released"]
     claims = [e for e in events if e["kind"] == "claimed"]
     assert [e["detail"]["unacknowledgedDeliveries"] for e in released] == [1, 2, 3, 4, 5]
@@ -187,7 +187,7 @@ async def test_unacknowledged_deliveries_back_to_zero_after_an_acknowledgement(s
 
     # The next wake is not delayed: a third unacknowledged delivery would
     # wait 2 s; the signal's delivery starts well before that.
-    await store.send_signal(eid, "continue", None)
+    await store.signals.send_signal(eid, "continue", None)
     record = await wait_status(store, eid, "completed")
     received = (await events_of(store, eid, "signal_received"))[0]
     claims = await events_of(store, eid, "claimed")
@@ -254,9 +254,9 @@ async def test_several_dispatchers_never_hold_two_live_leases(store, pool, worke
 
     owners = collections.Counter()
     for i, eid in enumerate(ids):
-        record = await store.get(eid)
+        record = await store.history.get(eid)
         assert record["outcome"] == {"result": ["one", "two", "three"]}, eid
-        events = await store.events(eid)
+        events = await store.history.events(eid)
         claims = [e for e in events if e["kind"] == "claimed"]
         owners.update(e["detail"]["owner"] for e in claims)
         # Tokens: one per claim, strictly increasing.
@@ -280,7 +280,7 @@ async def test_several_dispatchers_never_hold_two_live_leases(store, pool, worke
         )
         assert recorded == {"one": 1, "nap": 1, "two": 1, "three": 1}, (eid, recorded)
         assert not [e for e in events if e["kind"] == "fenced_write_rejected"], eid
-        assert not await store.late_observations(eid), eid
+        assert not await store.history.late_observations(eid), eid
     # The work was shared: deliveries moved between dispatchers.
     assert set(owners) <= {w.worker_id for w in started}
     assert len(owners) >= 2, owners
@@ -302,12 +302,12 @@ async def test_lease_lost_at_renewal_cancels_the_delivery(store, pool, sdk_setti
     assert lost and {e["token"] for e in lost} == {1}
 
     # The old holder made no further fenced write: no step, no ack, no release.
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     assert not [e for e in events if e["token"] == 1 and e["kind"] in (
         "acknowledged", "released", "step_recorded")]
     assert await step_rows(pool, eid) == {}
     assert flows.calls(eid, "slow:end") == 0 and flows.calls(eid, "after") == 0
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert (record["status"], record["token"], record["lease_owner"]) == (
         "running", 2, "intruder"
     )
@@ -325,7 +325,7 @@ async def test_stale_holder_step_write_is_rejected_and_kept_as_late_observation(
     intruder = await steal_lease(pool, sdk_settings, eid)
     flows.gate(eid).set()  # the old holder's slow step now finishes
 
-    observations = await wait_until(lambda: store.late_observations(eid),
+    observations = await wait_until(lambda: store.history.late_observations(eid),
                                     what="a late observation")
     await wait_until(lambda: not worker._running, what="the stale delivery to stop")
 
@@ -337,16 +337,16 @@ async def test_stale_holder_step_write_is_rejected_and_kept_as_late_observation(
     assert await step_rows(pool, eid) == {}
     assert flows.calls(eid, "after") == 0  # it stopped at once
     assert not await events_of(store, eid, "acknowledged")
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert (record["status"], record["token"]) == ("running", 2)
 
     # The current holder's writes are the ones that count.
     holder = ExecutionStore.from_settings(pool, sdk_settings)
-    step = await holder.write_step(intruder.lease, "slow", value="holder-value",
+    step = await holder.steps.write_step(intruder.lease, "slow", value="holder-value",
                                    function_name="wait_gate")
     assert (step.value, step.token) == ("holder-value", 2)
-    await holder.acknowledge(intruder.lease, "completed", result="by holder")
-    record = await store.get(eid)
+    await holder.leases.acknowledge(intruder.lease, "completed", result="by holder")
+    record = await store.history.get(eid)
     assert record["outcome"] == {"result": "by holder"}
 
 
@@ -385,12 +385,12 @@ async def test_stale_delivery_in_the_same_worker_cannot_acknowledge_for_the_newe
         await wait_until(lambda: flows.calls(eid, "cancelled:1"), what="delivery 1 stopped")
     flows.gate(f"{eid}:1").set()  # the stale delivery, if still running, returns
     if newer_by == "another worker":
-        await wait_until(lambda: store.late_observations(eid), what="the rejected ack kept")
+        await wait_until(lambda: store.history.late_observations(eid), what="the rejected ack kept")
         assert flows.calls(eid, "returned:1") == 1 and not flows.calls(eid, "cancelled:1")
-        assert [o["token"] for o in await store.late_observations(eid)] == [1]
+        assert [o["token"] for o in await store.history.late_observations(eid)] == [1]
     else:
-        assert not flows.calls(eid, "returned:1") and not await store.late_observations(eid)
-    record = await store.get(eid)
+        assert not flows.calls(eid, "returned:1") and not await store.history.late_observations(eid)
+    record = await store.history.get(eid)
     assert (record["status"], record["token"]) == ("running", 2), record["outcome"]
     assert await events_of(store, eid, "acknowledged") == []
 

@@ -48,7 +48,7 @@ async def test_a_claim_taking_over_an_expired_lease_counts_as_a_lease_takeover(
         store: ExecutionStore, pool: asyncpg.Pool, workers, monkeypatch) -> None:
     monkeypatch.setattr(app.worker, "LeaseReaper", _NoReaper)
     eid = await admit(store, "sdk-return", "takeover")
-    [dead] = await store.claim_due(1, 30, "dead-holder")  # a holder that died at once
+    [dead] = await store.leases.claim_due(1, 30, "dead-holder")  # a holder that died at once
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
                        "WHERE execution_id = $1", eid)
     name = 'fencepost_lease_takeovers_total{by="claim"}'
@@ -75,13 +75,13 @@ async def test_a_late_observation_counts_and_a_differing_one_is_an_integrity_con
     conflicts0 = counter("fencepost_integrity_conflicts_total")
 
     intruder = await steal_lease(pool, sdk_settings, eid)
-    await store.write_step(intruder.lease, "slow", value=current_value, function_name="wait_gate")
+    await store.steps.write_step(intruder.lease, "slow", value=current_value, function_name="wait_gate")
     flows.gate(eid).set()  # the old holder's step returns "slow-done", too late
 
-    [observation] = await wait_until(lambda: store.late_observations(eid),
+    [observation] = await wait_until(lambda: store.history.late_observations(eid),
                                      what="a late observation")
     assert (observation["value"], observation["conflict"]) == ("slow-done", conflict)
     await wait_until(lambda: counter("fencepost_late_observations_total") == late0 + 1,
                      timeout=5, what="the late-observation counter")
     assert counter("fencepost_integrity_conflicts_total") == conflicts0 + int(conflict)
-    assert (await store.get(eid))["integrity_conflicts"] == int(conflict)
+    assert (await store.history.get(eid))["integrity_conflicts"] == int(conflict)

@@ -70,7 +70,7 @@ async def test_sleep_suspends_until_the_recorded_wake_time_and_resumes_once_due(
 
 async def test_sleep_until_suspends_until_the_given_time_and_resumes(store, pool, workers):
     await workers.start()
-    until = await store.db_now() + timedelta(hours=2, microseconds=123)
+    until = await store.clock.db_now() + timedelta(hours=2, microseconds=123)
     eid = await admit(store, "sdk-sleep-until", "until-1", {"until": until.isoformat()})
 
     record = await wait_status(store, eid, "suspended")
@@ -86,7 +86,7 @@ async def test_sleep_until_suspends_until_the_given_time_and_resumes(store, pool
 
 async def test_sleep_until_a_past_time_does_not_suspend(store, workers):
     await workers.start()
-    until = await store.db_now() - timedelta(minutes=1)
+    until = await store.clock.db_now() - timedelta(minutes=1)
     eid = await admit(store, "sdk-sleep-until", "until-past", {"until": until.isoformat()})
 
     record = await wait_status(store, eid, "completed")
@@ -103,7 +103,7 @@ async def test_sleep_until_a_past_time_does_not_suspend(store, workers):
 async def test_signals_are_consumed_once_each_in_order(store, pool, workers):
     eid = await admit(store, "sdk-signals", "signals-1")
     # Sent before any worker runs, so before the wait: it is kept and consumed.
-    assert await store.send_signal(eid, "go", {"n": 1}) == ("received", None)
+    assert await store.signals.send_signal(eid, "go", {"n": 1}) == ("received", None)
     await workers.start()
 
     await wait_status(store, eid, "suspended")
@@ -115,15 +115,15 @@ async def test_signals_are_consumed_once_each_in_order(store, pool, workers):
 
     # A duplicate delivery (an extra wake) replays `first` from its record:
     # it consumes nothing more and suspends again on `second`.
-    assert await store.request_wake(eid) == "requested"
+    assert await store.operator.request_wake(eid) == "requested"
     await wait_event(store, eid, "acknowledged", count=2)
     await wait_status(store, eid, "suspended")
     assert flows.calls(eid, "body") == 2
     assert flows.calls(eid, "between") == 1
     assert [s["consumed_step"] for s in await signal_rows(pool, eid)] == ["first"]
 
-    assert (await store.send_signal(eid, "go", {"n": 2}))[0] == "received"
-    assert (await store.send_signal(eid, "go", {"n": 3}))[0] == "received"
+    assert (await store.signals.send_signal(eid, "go", {"n": 2}))[0] == "received"
+    assert (await store.signals.send_signal(eid, "go", {"n": 3}))[0] == "received"
     record = await wait_status(store, eid, "completed")
 
     assert record["outcome"] == {"result": [{"n": 1}, {"n": 2}]}
@@ -161,7 +161,7 @@ async def test_wait_for_signal_timeout_raises_signal_timeout_recorded_for_replay
 
     # A signal arriving after the recorded timeout wakes the execution, but the
     # replay agrees with the record: SignalTimeout again, the signal unconsumed.
-    assert (await store.send_signal(eid, "approval", {"ok": True}))[0] == "received"
+    assert (await store.signals.send_signal(eid, "approval", {"ok": True}))[0] == "received"
     await wait_event(store, eid, "acknowledged", count=3)
     await wait_status(store, eid, "suspended")
     assert flows.calls(eid, "timeout-branch") == 2
@@ -329,7 +329,7 @@ async def test_raise_retry_releases_the_lease_and_is_redelivered_after_the_delay
     assert released["detail"]["unacknowledgedDeliveries"] == 1
     # Delivery 2 waits at the gate: the counter still shows the released one.
     await wait_until(lambda: flows.SEEN[eid] == [1, 2], what="second delivery")
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert (record["status"], record["token"], record["unacknowledged_deliveries"]) == (
         "running", 2, 1
     )

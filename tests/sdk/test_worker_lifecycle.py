@@ -30,7 +30,7 @@ async def test_stop_waits_up_to_the_grace_period_then_releases_the_lease(store, 
     released = await events_of(store, eid, "released")
     assert [e["token"] for e in released] == [1]
     assert await kinds_ignoring_late_renewals(store, eid) == ["admitted", "claimed", "released"]
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert (record["status"], record["unacknowledged_deliveries"], record["lease_owner"]) == (
         "admitted", 1, None
     )
@@ -51,7 +51,7 @@ async def test_stop_lets_a_delivery_finish_within_the_grace_period(store, worker
     await workers.stop(worker)
 
     assert loop.time() - started < 4
-    record = await store.get(eid)
+    record = await store.history.get(eid)
     assert record["status"] == "completed" and record["outcome"] == {"result": {"attempt": 1}}
     assert not await events_of(store, eid, "released")
     assert flows.calls(eid, "slow:cancelled") == 0
@@ -74,12 +74,12 @@ async def test_worker_registers_itself_and_marks_stopped_at_on_exit(store, pool,
         ),
         what="a heartbeat",
     )
-    live = {w["worker_id"]: w for w in await store.list_workers(stale_after_seconds=5)}
+    live = {w["worker_id"]: w for w in await store.workers.list_workers(stale_after_seconds=5)}
     assert live[worker.worker_id]["alive"] is True
 
     await workers.stop(worker)
 
     row = await pool.fetchrow("SELECT * FROM workers WHERE worker_id = $1", worker.worker_id)
     assert row["stopped_at"] is not None and row["stopped_at"] >= row["started_at"]
-    listed = {w["worker_id"]: w for w in await store.list_workers(stale_after_seconds=5)}
+    listed = {w["worker_id"]: w for w in await store.workers.list_workers(stale_after_seconds=5)}
     assert listed[worker.worker_id]["alive"] is False

@@ -52,7 +52,7 @@ async def test_concurrent_claims_of_one_execution_grant_exactly_one_lease(
 
     async def one(i: int, s: ExecutionStore) -> list[Delivery]:
         await jitter()
-        return await s.claim_due(1, LEASE, f"claimer-{i}")
+        return await s.leases.claim_due(1, LEASE, f"claimer-{i}")
 
     winners = Outcomes(*(f"claimer-{i}" for i in range(claimers)))
     for r in winners.rounds(ROUNDS, 1000):
@@ -60,7 +60,7 @@ async def test_concurrent_claims_of_one_execution_grant_exactly_one_lease(
         await admit(store, eid)
         expected_token = 1
         if candidate == "lease-expired":
-            [first] = await store.claim_due(1, LEASE, "first-holder")
+            [first] = await store.leases.claim_due(1, LEASE, "first-holder")
             assert first.lease.execution_id == eid
             await clock.expire_lease(eid)
             expected_token = 2
@@ -72,7 +72,7 @@ async def test_concurrent_claims_of_one_execution_grant_exactly_one_lease(
         leases = [d.lease for batch in results for d in batch]
         assert len(leases) == 1, f"round {r}: {leases}"
         assert leases[0].execution_id == eid and leases[0].token == expected_token
-        rec = await store.get(eid)
+        rec = await store.history.get(eid)
         assert rec["token"] == expected_token and rec["lease_owner"] == leases[0].owner
         winners.add(leases[0].owner, f"round {r}")
     # Every racer won some round: the statements really arrived in every order.
@@ -88,9 +88,9 @@ async def check_stale_write(store: ExecutionStore, where: str, eid: str, a: Deli
     A's write landed strictly before B's claim and B gets A's value, or A got
     LeaseLost (recorded as a rejected fenced write) and B's value stands."""
     assert b.lease.execution_id == eid and b.lease.token == a.lease.token + 1, where
-    b_step = await store.write_step(b.lease, "charge", value={"by": "B"})
-    steps = (await store.steps([eid]))[eid]
-    events = await store.events(eid)
+    b_step = await store.steps.write_step(b.lease, "charge", value={"by": "B"})
+    steps = (await store.history.steps([eid]))[eid]
+    events = await store.history.events(eid)
     recorded = [e for e in events if e["kind"] == "step_recorded"]
     claim_b = next(e for e in events if e["kind"] == "claimed" and e["token"] == b.lease.token)
 
@@ -115,7 +115,7 @@ async def check_stale_write(store: ExecutionStore, where: str, eid: str, a: Deli
 
 async def stale_write_of(store: ExecutionStore, lease) -> StepRecord | LeaseLost:
     try:
-        return await store.write_step(lease, "charge", value={"by": "A"})
+        return await store.steps.write_step(lease, "charge", value={"by": "A"})
     except LeaseLost as exc:
         return exc
 
@@ -149,12 +149,12 @@ async def test_a_stale_write_step_racing_a_new_claim_is_recorded_before_it_or_no
     async def new_claim() -> list[Delivery]:
         if random.random() < 0.5:
             await jitter()
-        return await claimer.claim_due(1, LEASE, "worker-B")
+        return await claimer.leases.claim_due(1, LEASE, "worker-B")
 
     for r in outcomes.rounds(ROUNDS):
         eid = f"exec-{r}"
         await admit(store, eid)
-        [a] = await store.claim_due(1, LEASE, "worker-A")
+        [a] = await store.leases.claim_due(1, LEASE, "worker-A")
         await clock.expire_lease(eid)
 
         written, claimed = await asyncio.gather(stale_write(a.lease), new_claim())
@@ -163,7 +163,7 @@ async def test_a_stale_write_step_racing_a_new_claim_is_recorded_before_it_or_no
             # The claim skipped the row A's write held locked; A must have won,
             # and the execution is claimable as soon as A's write committed.
             assert isinstance(written, StepRecord), f"round {r}: nobody got anywhere"
-            claimed = await claimer.claim_due(1, LEASE, "worker-B")
+            claimed = await claimer.leases.claim_due(1, LEASE, "worker-B")
             outcomes.add("claim-skipped-locked-row")
         else:
             outcomes.add("write-first" if isinstance(written, StepRecord) else "claim-first")
@@ -181,13 +181,13 @@ async def test_a_stale_write_step_and_a_new_claim_in_each_order(store, clock, po
     written) while the second runs."""
     eid = "forced"
     await admit(store, eid)
-    [a] = await store.claim_due(1, LEASE, "worker-A")
+    [a] = await store.leases.claim_due(1, LEASE, "worker-A")
     await clock.expire_lease(eid)
 
     if order == "claim-holds-row-write-waits":
         async with StatementGate(pool, "execution_events",
                                  "NEW.kind = 'claimed' AND NEW.token = 2") as gate:
-            claim = asyncio.create_task(store.claim_due(1, LEASE, "worker-B"))
+            claim = asyncio.create_task(store.leases.claim_due(1, LEASE, "worker-B"))
             await gate.until_held(also=claim.done)
             write = asyncio.create_task(stale_write_of(store, a.lease))
             # A's FOR SHARE waits for the claim's row lock, then re-reads the row.
@@ -203,29 +203,29 @@ async def test_a_stale_write_step_and_a_new_claim_in_each_order(store, clock, po
             write = asyncio.create_task(stale_write_of(store, a.lease))
             await gate.until_held(also=write.done)
             # SKIP LOCKED: the claim does not wait for A's write, it passes over.
-            assert await store.claim_due(1, LEASE, "worker-B") == []
+            assert await store.leases.claim_due(1, LEASE, "worker-B") == []
             await gate.open()
             written = await write
         assert isinstance(written, StepRecord)
-        claimed = await store.claim_due(1, LEASE, "worker-B")
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")
     else:
         written = await stale_write_of(store, a.lease)
         assert isinstance(written, StepRecord)
-        claimed = await store.claim_due(1, LEASE, "worker-B")
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")
     [b] = claimed
     await check_stale_write(store, order, eid, a, b, written)
 
 
 async def stale_ack_of(store: ExecutionStore, lease):
     try:
-        return await store.acknowledge(lease, "completed", result={"by": "A"})
+        return await store.leases.acknowledge(lease, "completed", result={"by": "A"})
     except LeaseLost as exc:
         return exc
 
 
 async def check_stale_ack(store: ExecutionStore, where: str, eid: str, a: Delivery,
                           acked, claimed: list[Delivery]) -> str:
-    rec = await store.get(eid)
+    rec = await store.history.get(eid)
     if isinstance(acked, LeaseLost):
         [b] = claimed
         assert b.lease.token == a.lease.token + 1, where
@@ -255,12 +255,12 @@ async def test_a_stale_acknowledge_racing_a_new_claim_never_lands_after_it(
 
     async def new_claim():
         await jitter()
-        return await claimer.claim_due(1, LEASE, "worker-B")
+        return await claimer.leases.claim_due(1, LEASE, "worker-B")
 
     for r in outcomes.rounds(ROUNDS):
         eid = f"exec-{r}"
         await admit(store, eid)
-        [a] = await store.claim_due(1, LEASE, "worker-A")
+        [a] = await store.leases.claim_due(1, LEASE, "worker-A")
         await clock.expire_lease(eid)
 
         acked, claimed = await asyncio.gather(stale_ack(a.lease), new_claim())
@@ -273,13 +273,13 @@ async def test_a_stale_acknowledge_racing_a_new_claim_never_lands_after_it(
 async def test_a_stale_acknowledge_and_a_new_claim_in_each_order(store, clock, pool, order):
     eid = "forced"
     await admit(store, eid)
-    [a] = await store.claim_due(1, LEASE, "worker-A")
+    [a] = await store.leases.claim_due(1, LEASE, "worker-A")
     await clock.expire_lease(eid)
 
     if order == "claim-holds-row-ack-waits":
         async with StatementGate(pool, "execution_events",
                                  "NEW.kind = 'claimed' AND NEW.token = 2") as gate:
-            claim = asyncio.create_task(store.claim_due(1, LEASE, "worker-B"))
+            claim = asyncio.create_task(store.leases.claim_due(1, LEASE, "worker-B"))
             await gate.until_held(also=claim.done)
             ack = asyncio.create_task(stale_ack_of(store, a.lease))
             # A's UPDATE waits for the claim's row lock, then re-checks the token.
@@ -293,14 +293,14 @@ async def test_a_stale_acknowledge_and_a_new_claim_in_each_order(store, clock, p
                                  "NEW.kind = 'acknowledged' AND NEW.token = 1") as gate:
             ack = asyncio.create_task(stale_ack_of(store, a.lease))
             await gate.until_held(also=ack.done)
-            assert await store.claim_due(1, LEASE, "worker-B") == []  # skipped, not waited
+            assert await store.leases.claim_due(1, LEASE, "worker-B") == []  # skipped, not waited
             await gate.open()
             acked = await ack
-        claimed = await store.claim_due(1, LEASE, "worker-B")  # completed: nothing due
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")  # completed: nothing due
         expected = "ack-first"
     else:
         acked = await stale_ack_of(store, a.lease)
-        claimed = await store.claim_due(1, LEASE, "worker-B")
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")
         expected = "ack-first"
     assert await check_stale_ack(store, order, eid, a, acked, claimed) == expected
 
@@ -311,7 +311,7 @@ async def test_concurrent_admissions_of_one_id_admit_exactly_once(store, setting
 
     async def one(i: int, s: ExecutionStore, eid: str):
         await jitter()
-        return await s.admit(workflow_id="w", params={"by": i}, execution_id=eid)
+        return await s.admissions.admit(workflow_id="w", params={"by": i}, execution_id=eid)
 
     winners = Outcomes(*(f"admitter-{i}" for i in range(8)))
     for r in winners.rounds(50, 1000):
@@ -322,9 +322,9 @@ async def test_concurrent_admissions_of_one_id_admit_exactly_once(store, setting
         conflicts = [x for x in results if isinstance(x, Conflict)]
         assert len(admitted) == 1 and len(conflicts) == 7, results
         assert all(c.execution_id == eid for c in conflicts)
-        events = await store.events(eid)
+        events = await store.history.events(eid)
         assert [e["kind"] for e in events] == ["admitted"]
-        assert (await store.get(eid))["params"] == {"by": admitted[0]}
+        assert (await store.history.get(eid))["params"] == {"by": admitted[0]}
         winners.add(f"admitter-{admitted[0]}")
     winners.assert_each("8 admissions of one ID, who won")
     assert await store.pool.fetchval("SELECT count(*) FROM executions") == winners.total
@@ -334,21 +334,21 @@ async def check_wake(store: ExecutionStore, where: str, eid: str, d: Delivery) -
     """Acknowledge the claimed delivery `suspended`: a wake that came before
     the claim was covered by it (nothing due after the ack), a later one is
     kept (due after the ack, and claimed once more)."""
-    await store.acknowledge(d.lease, "suspended")
-    events = await store.events(eid)
+    await store.leases.acknowledge(d.lease, "suspended")
+    events = await store.history.events(eid)
     wake_id = next(e["event_id"] for e in events if e["kind"] == "wake_requested")
     claim_id = next(e["event_id"] for e in events if e["kind"] == "claimed")
-    rec = await store.get(eid)
+    rec = await store.history.get(eid)
     if wake_id < claim_id:
         outcome = "covered"
         assert rec["due_at"] is None, f"{where}: a covered wake survived the ack"
     else:
         outcome = "kept"
         assert rec["due_at"] is not None, f"{where}: a later wake was lost"
-        [again] = await store.claim_due(1, LEASE, "worker-C")
+        [again] = await store.leases.claim_due(1, LEASE, "worker-C")
         assert again.lease.execution_id == eid, where
-        await store.acknowledge(again.lease, "suspended")
-    assert await store.claim_due(10, LEASE, "worker-D") == [], where
+        await store.leases.acknowledge(again.lease, "suspended")
+    assert await store.leases.claim_due(10, LEASE, "worker-D") == [], where
     return outcome
 
 
@@ -366,11 +366,11 @@ async def test_a_wake_racing_a_claim_is_either_covered_by_it_or_kept_for_later(
 
     async def wake(eid: str):
         await jitter()
-        return await waker.request_wake(eid)
+        return await waker.operator.request_wake(eid)
 
     async def claim():
         await jitter()
-        return await claimer.claim_due(1, LEASE, "worker-B")
+        return await claimer.leases.claim_due(1, LEASE, "worker-B")
 
     for r in outcomes.rounds(ROUNDS):
         eid = f"exec-{r}"
@@ -381,7 +381,7 @@ async def test_a_wake_racing_a_claim_is_either_covered_by_it_or_kept_for_later(
         assert woken == "requested"
         skipped = not claimed
         if skipped:  # the wake held the row: the claim skipped it
-            claimed = await claimer.claim_due(1, LEASE, "worker-B")
+            claimed = await claimer.leases.claim_due(1, LEASE, "worker-B")
         [d] = claimed
         outcome = await check_wake(store, f"round {r}", eid, d)
         if skipped:
@@ -399,9 +399,9 @@ async def test_a_wake_and_a_claim_in_each_order(store, pool, order):
     if order == "claim-holds-row-wake-waits":
         async with StatementGate(pool, "execution_events",
                                  "NEW.kind = 'claimed' AND NEW.token = 1") as gate:
-            claim = asyncio.create_task(store.claim_due(1, LEASE, "worker-B"))
+            claim = asyncio.create_task(store.leases.claim_due(1, LEASE, "worker-B"))
             await gate.until_held(also=claim.done)
-            wake = asyncio.create_task(store.request_wake(eid))
+            wake = asyncio.create_task(store.operator.request_wake(eid))
             await until_waiting(pool, 1, "row", what="the wake behind the claim", also=wake.done)
             assert not wake.done()
             await gate.open()
@@ -410,16 +410,16 @@ async def test_a_wake_and_a_claim_in_each_order(store, pool, order):
     elif order == "wake-holds-row-claim-skips":
         async with StatementGate(pool, "execution_events",
                                  "NEW.kind = 'wake_requested'") as gate:
-            wake = asyncio.create_task(store.request_wake(eid))
+            wake = asyncio.create_task(store.operator.request_wake(eid))
             await gate.until_held(also=wake.done)
-            assert await store.claim_due(1, LEASE, "worker-B") == []  # skipped, not waited
+            assert await store.leases.claim_due(1, LEASE, "worker-B") == []  # skipped, not waited
             await gate.open()
             woken = await wake
-        claimed = await store.claim_due(1, LEASE, "worker-B")
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")
         expected = "covered"
     else:
-        woken = await store.request_wake(eid)
-        claimed = await store.claim_due(1, LEASE, "worker-B")
+        woken = await store.operator.request_wake(eid)
+        claimed = await store.leases.claim_due(1, LEASE, "worker-B")
         expected = "covered"
     assert woken == "requested"
     [d] = claimed

@@ -66,8 +66,8 @@ async def suspended_without_wakes(store: ExecutionStore, execution_id: str) -> N
     the execution is suspended and not due."""
     await admit(store, execution_id)
     d = await claim_one(store, execution_id)
-    assert (await store.acknowledge(d.lease, "suspended")).status == "suspended"
-    rec = await store.get(execution_id)
+    assert (await store.leases.acknowledge(d.lease, "suspended")).status == "suspended"
+    rec = await store.history.get(execution_id)
     assert rec["status"] == "suspended" and rec["due_at"] is None
 
 
@@ -89,11 +89,11 @@ def same_record(a: dict, b: dict) -> bool:
 
 async def test_admission_receives_an_unused_caller_supplied_id(store):
     for execution_id in ("order-42", "order/42 ünïcode ✓", "x" * 200):
-        result = await store.admit(
+        result = await store.admissions.admit(
             workflow_id=WORKFLOW, params={"orderId": 42}, execution_id=execution_id
         )
         assert result == Admitted(execution_id, "admitted")
-        rec = await store.get(execution_id)
+        rec = await store.history.get(execution_id)
         assert rec["execution_id"] == execution_id
         assert rec["workflow_id"] == WORKFLOW
 
@@ -101,13 +101,13 @@ async def test_admission_receives_an_unused_caller_supplied_id(store):
 async def test_admission_receives_an_id_in_use(store, pool):
     await admit(store, "order-42", params={"orderId": 42}, context={"tenant": "shop"})
     d = await claim_one(store, "order-42")
-    await store.write_step(d.lease, "load-order", value={"status": "open"})
-    await store.acknowledge(d.lease, "suspended")
-    before = await store.get("order-42")
-    events_before = await store.events("order-42")
-    steps_before = await store.steps(["order-42"])
+    await store.steps.write_step(d.lease, "load-order", value={"status": "open"})
+    await store.leases.acknowledge(d.lease, "suspended")
+    before = await store.history.get("order-42")
+    events_before = await store.history.events("order-42")
+    steps_before = await store.history.steps(["order-42"])
 
-    result = await store.admit(
+    result = await store.admissions.admit(
         workflow_id="another-workflow",
         params={"orderId": 43},
         context={"tenant": "other"},
@@ -115,9 +115,9 @@ async def test_admission_receives_an_id_in_use(store, pool):
     )
 
     assert result == Conflict("order-42", "suspended", WORKFLOW)
-    assert same_record(await store.get("order-42"), before)
-    assert await store.events("order-42") == events_before
-    assert await store.steps(["order-42"]) == steps_before
+    assert same_record(await store.history.get("order-42"), before)
+    assert await store.history.events("order-42") == events_before
+    assert await store.history.steps(["order-42"]) == steps_before
     assert await count_rows(pool, "executions") == 1
     assert await claim(store) == {}  # the conflicting admission made nothing due
 
@@ -127,14 +127,14 @@ async def test_delivery_fails_after_admission(store, clock, how):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
     if how == "failed":
-        await store.acknowledge(d.lease, "failed", error={"name": "CardDeclined", "message": "no"})
+        await store.leases.acknowledge(d.lease, "failed", error={"name": "CardDeclined", "message": "no"})
     elif how == "released":
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
     else:
         await clock.expire_lease("order-42")
-        assert (await store.reap_expired()).execution_ids == ["order-42"]
+        assert (await store.leases.reap_expired()).execution_ids == ["order-42"]
 
-    result = await store.admit(
+    result = await store.admissions.admit(
         workflow_id=WORKFLOW, params={"orderId": 42}, execution_id="order-42"
     )
 
@@ -153,7 +153,7 @@ async def test_admission_omits_an_id(store):
     assert not supplied & set(generated)
     assert all(isinstance(g, str) and g for g in generated)
     for g in generated[:5]:
-        assert (await store.get(g))["execution_id"] == g
+        assert (await store.history.get(g))["execution_id"] == g
 
 
 EVENT_PARAMS = {
@@ -176,13 +176,13 @@ async def test_admission_stores_an_event(store):
         store, "no-context", params=[1, "two", {"three": 3}]
     )  # params need not be an object
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["workflow_id"] == WORKFLOW
     assert rec["params"] == EVENT_PARAMS
     assert rec["context"] == EVENT_CONTEXT
     assert isinstance(rec["context"], dict)  # read-only view is an SDK concern
 
-    other = await store.get("no-context")
+    other = await store.history.get("no-context")
     assert other["params"] == [1, "two", {"three": 3}]
     assert other["context"] == {}
 
@@ -198,13 +198,13 @@ async def test_a_delivery_runs_reads_workflow_params_and_context_from_the_record
     """Store side of "A delivery runs": a wake names only the execution and a
     time; the claim hands over the record's event."""
     await suspended_without_wakes(store, "order-42")
-    await store.request_wake("order-42")
-    await store.request_wake("order-42")
+    await store.operator.request_wake("order-42")
+    await store.operator.request_wake("order-42")
 
     d = await claim_one(store, "order-42")
 
     assert (d.workflow_id, d.params, d.context) == (WORKFLOW, {"orderId": 42}, {})
-    wake_events = [e for e in await store.events("order-42") if e["kind"] == "wake_requested"]
+    wake_events = [e for e in await store.history.events("order-42") if e["kind"] == "wake_requested"]
     assert len(wake_events) == 2
     assert all(set(e["detail"]) == {"at"} for e in wake_events)  # no event copy anywhere
     tables = {
@@ -233,11 +233,11 @@ async def test_admission_receives_a_value_that_cannot_round_trip(store, pool, wh
     params = {"orderId": 42, "v": bad} if where == "params" else {"orderId": 42}
     context = {"v": bad} if where == "context" else {}
     with pytest.raises(InvalidEvent):
-        await store.admit(
+        await store.admissions.admit(
             workflow_id=WORKFLOW, params=params, context=context, execution_id="order-42"
         )
 
-    assert await store.get("order-42") is None
+    assert await store.history.get("order-42") is None
     assert await count_rows(pool, "executions") == 0
     assert await count_rows(pool, "execution_events") == 0
     assert await claim(store) == {}
@@ -264,27 +264,27 @@ async def test_admission_stores_an_event_exactly_or_rejects_it(store, pool, valu
     changed value is not."""
     params = {"v": value}
     try:
-        await store.admit(workflow_id=WORKFLOW, params=params, execution_id="order-42")
+        await store.admissions.admit(workflow_id=WORKFLOW, params=params, execution_id="order-42")
     except InvalidEvent:
         assert await count_rows(pool, "executions") == 0
         return
-    got = (await store.get("order-42"))["params"]["v"]
+    got = (await store.history.get("order-42"))["params"]["v"]
     assert type(got) is type(value) and got == value, f"admitted {value!r}, read back {got!r}"
 
 
 async def test_admission_commits(store, clock):
-    result = await store.admit(
+    result = await store.admissions.admit(
         workflow_id=WORKFLOW, params={"orderId": 42}, execution_id="order-42"
     )
     assert result == Admitted("order-42", "admitted")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "admitted"
     assert rec["outcome"] is None
     assert rec["due_at"] == rec["admitted_at"]  # record and first wake: one transaction
     assert rec["due_at"] <= await clock.now()
     assert rec["token"] == 0 and rec["unacknowledged_deliveries"] == 0
-    assert [e["kind"] for e in await store.events("order-42")] == ["admitted"]
+    assert [e["kind"] for e in await store.history.events("order-42")] == ["admitted"]
 
     d = await claim_one(store, "order-42")
     assert d.lease.token == 1
@@ -298,12 +298,12 @@ async def test_admission_commits(store, clock):
 async def test_two_wakes_are_requested_before_a_delivery(store, clock):
     # A suspended execution woken twice.
     await suspended_without_wakes(store, "suspended")
-    assert await store.request_wake("suspended") == "requested"
-    assert await store.request_wake("suspended") == "requested"
+    assert await store.operator.request_wake("suspended") == "requested"
+    assert await store.operator.request_wake("suspended") == "requested"
     # Admission is the first wake; two more arrive before any delivery.
     await admit(store, "fresh")
-    assert await store.request_wake("fresh") == "requested"
-    assert await store.request_wake("fresh", await clock.later(-5)) == "requested"
+    assert await store.operator.request_wake("fresh") == "requested"
+    assert await store.operator.request_wake("fresh", await clock.later(-5)) == "requested"
 
     first = await claim(store)
     assert sorted(first) == ["fresh", "suspended"]
@@ -315,12 +315,12 @@ async def test_wakes_are_requested_with_different_due_times(store, clock):
     await suspended_without_wakes(store, "earlier-first")
     t0 = await clock.now()
     for at in (t0 + timedelta(seconds=90), t0 + timedelta(seconds=30), t0 + timedelta(seconds=60)):
-        assert await store.request_wake("later-first", at) == "requested"
+        assert await store.operator.request_wake("later-first", at) == "requested"
     for at in (t0 + timedelta(seconds=30), t0 + timedelta(seconds=90), t0 + timedelta(seconds=60)):
-        assert await store.request_wake("earlier-first", at) == "requested"
+        assert await store.operator.request_wake("earlier-first", at) == "requested"
 
     for eid in ("later-first", "earlier-first"):
-        assert (await store.get(eid))["due_at"] == t0 + timedelta(seconds=30)
+        assert (await store.history.get(eid))["due_at"] == t0 + timedelta(seconds=30)
     assert await claim(store) == {}  # not due before the earliest time
 
     for eid in ("later-first", "earlier-first"):
@@ -333,14 +333,14 @@ async def test_a_wake_is_requested_during_a_delivery(store, clock, offset):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
     at = await clock.later(offset)
-    assert await store.request_wake("order-42", at) == "requested"
-    rec = await store.get("order-42")
+    assert await store.operator.request_wake("order-42", at) == "requested"
+    rec = await store.history.get("order-42")
     assert rec["status"] == "running" and rec["due_at"] == at  # kept apart from the covered wake
     assert await claim(store, owner="worker-2") == {}  # the live lease still blocks
 
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "suspended"
     assert rec["due_at"] == at
     if offset:
@@ -357,11 +357,11 @@ async def test_a_delivery_claims_a_past_due_wake_and_a_future_wake_is_requested_
     await clock.backdate_due("order-42", 3600)  # the admission wake is an hour overdue
     d = await claim_one(store, "order-42")
     future = await clock.later(600)
-    await store.request_wake("order-42", future)
+    await store.operator.request_wake("order-42", future)
 
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["due_at"] == future  # not the covered, past time
     assert await claim(store) == {}
 
@@ -370,11 +370,11 @@ async def test_a_wake_is_requested_for_an_unknown_execution_id(store, pool):
     await admit(store, "order-42")
     await claim_one(store, "order-42")
 
-    assert await store.request_wake("no-such-execution") == "not_found"
+    assert await store.operator.request_wake("no-such-execution") == "not_found"
 
-    assert await store.get("no-such-execution") is None
+    assert await store.history.get("no-such-execution") is None
     assert await count_rows(pool, "executions") == 1
-    assert await store.events("no-such-execution") == []
+    assert await store.history.events("no-such-execution") == []
     assert await claim(store) == {}
 
 
@@ -385,9 +385,9 @@ async def test_a_delivery_is_claimed_and_not_yet_acknowledged(store, clock):
     assert await claim(store, owner="worker-2") == {}
     await clock.backdate_lease("order-42", LEASE - 2)  # two seconds of the lease left
     assert await claim(store, owner="worker-2") == {}
-    await store.request_wake("order-42")  # a new wake does not make it claimable either
+    await store.operator.request_wake("order-42")  # a new wake does not make it claimable either
     assert await claim(store, owner="worker-2") == {}
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "running" and rec["token"] == d.lease.token
 
     # Once the lease has expired (and the redelivery delay passed) it is.
@@ -398,15 +398,15 @@ async def test_a_delivery_is_claimed_and_not_yet_acknowledged(store, clock):
 @pytest.mark.parametrize("ended_by", ["takeover", "reaper"])
 async def test_a_delivery_is_never_acknowledged(store, clock, ended_by):
     await admit(store, "order-42")
-    covered = (await store.get("order-42"))["due_at"]
+    covered = (await store.history.get("order-42"))["due_at"]
     first = await claim_one(store, "order-42")
     await clock.expire_lease("order-42")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "admitted"
     assert rec["due_at"] == covered  # the covered wake is pending again
     if ended_by == "reaper":
-        await store.reap_expired()
+        await store.leases.reap_expired()
         assert (await clock.raw("order-42"))["due_at"] == covered
 
     again = await claim_one(store, "order-42", owner="worker-2")
@@ -418,19 +418,19 @@ async def test_a_delivery_is_never_acknowledged(store, clock, ended_by):
 async def test_a_wake_is_requested_for_a_terminal_execution(store, clock, terminal):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    await store.request_wake("order-42", await clock.later(60))  # pending when it ends
-    await store.acknowledge(
+    await store.operator.request_wake("order-42", await clock.later(60))  # pending when it ends
+    await store.leases.acknowledge(
         d.lease, terminal, result={"ok": True}, error={"name": "E", "message": "m"}
     )
-    assert (await store.get("order-42"))["due_at"] is None  # terminal clears pending wakes
-    events_before = await store.events("order-42")
+    assert (await store.history.get("order-42"))["due_at"] is None  # terminal clears pending wakes
+    events_before = await store.history.events("order-42")
 
-    assert await store.request_wake("order-42") == "ignored"
-    assert await store.request_wake("order-42", await clock.later(-60)) == "ignored"
+    assert await store.operator.request_wake("order-42") == "ignored"
+    assert await store.operator.request_wake("order-42", await clock.later(-60)) == "ignored"
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == terminal and rec["due_at"] is None
-    assert await store.events("order-42") == events_before
+    assert await store.history.events("order-42") == events_before
     assert await claim(store) == {}
 
 
@@ -439,11 +439,11 @@ async def test_the_runtime_restarts_with_admitted_and_suspended_executions(
 ):
     await suspended_without_wakes(store, "suspended-woken")
     wake_at = await clock.later(120)
-    await store.request_wake("suspended-woken", wake_at)
+    await store.operator.request_wake("suspended-woken", wake_at)
     await suspended_without_wakes(store, "suspended-idle")
     await admit(store, "admitted")
     before = {
-        eid: await store.get(eid) for eid in ("admitted", "suspended-woken", "suspended-idle")
+        eid: await store.history.get(eid) for eid in ("admitted", "suspended-woken", "suspended-idle")
     }
 
     await store.pool.close()  # the runtime goes away; a new one connects
@@ -451,14 +451,14 @@ async def test_the_runtime_restarts_with_admitted_and_suspended_executions(
     restarted = ExecutionStore.from_settings(new_pool, settings)
 
     for eid, rec in before.items():
-        assert same_record(await restarted.get(eid), rec)
-    assert (await restarted.get("suspended-woken"))["due_at"] == wake_at
+        assert same_record(await restarted.history.get(eid), rec)
+    assert (await restarted.history.get("suspended-woken"))["due_at"] == wake_at
     assert list(await claim(restarted)) == ["admitted"]
     await new_pool.execute(
         "UPDATE executions SET due_at = due_at - interval '121 seconds' WHERE execution_id = 'suspended-woken'"
     )
     assert list(await claim(restarted)) == ["suspended-woken"]
-    assert (await restarted.get("suspended-idle"))["status"] == "suspended"
+    assert (await restarted.history.get("suspended-idle"))["status"] == "suspended"
 
 
 async def test_the_runtime_restarts_with_admitted_and_suspended_executions_across_a_server_restart(
@@ -473,9 +473,9 @@ async def test_the_runtime_restarts_with_admitted_and_suspended_executions_acros
     try:
         store = ExecutionStore.from_settings(pool, settings)
         await suspended_without_wakes(store, "suspended")
-        await store.request_wake("suspended")
+        await store.operator.request_wake("suspended")
         await admit(store, "admitted")
-        before = {eid: await store.get(eid) for eid in ("admitted", "suspended")}
+        before = {eid: await store.history.get(eid) for eid in ("admitted", "suspended")}
     finally:
         await pool.close()
 
@@ -485,7 +485,7 @@ async def test_the_runtime_restarts_with_admitted_and_suspended_executions_acros
     try:
         store = ExecutionStore.from_settings(pool, settings)
         for eid, rec in before.items():
-            after = await store.get(eid)
+            after = await store.history.get(eid)
             assert after["status"] == rec["status"]
             assert after["due_at"] == rec["due_at"]
             assert (after["params"], after["context"]) == (rec["params"], rec["context"])
@@ -503,9 +503,9 @@ async def test_a_delivery_acknowledges_suspended(store):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
 
-    assert await store.acknowledge(d.lease, "suspended") == Acknowledged("suspended", None)
+    assert await store.leases.acknowledge(d.lease, "suspended") == Acknowledged("suspended", None)
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "suspended"
     assert rec["outcome"] is None
     assert rec["lease_owner"] is None and rec["lease_expires_at"] is None
@@ -516,10 +516,10 @@ async def test_a_delivery_acknowledges_completed(store):
     d = await claim_one(store, "order-42")
     result = {"charged": True, "receipt": "r-1", "amount": 12.5}
 
-    ack = await store.acknowledge(d.lease, "completed", result=result)
+    ack = await store.leases.acknowledge(d.lease, "completed", result=result)
 
     assert ack == Acknowledged("completed", {"result": result})
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "completed"
     assert rec["outcome"] == {"result": result}
     assert rec["due_at"] is None and rec["lease_expires_at"] is None
@@ -530,11 +530,11 @@ async def test_a_delivery_acknowledges_failed(store, settings, open_pool):
     d = await claim_one(store, "order-42")
     error = {"name": "CardDeclined", "message": "insufficient funds", "code": "E51"}
 
-    ack = await store.acknowledge(d.lease, "failed", error=error)
+    ack = await store.leases.acknowledge(d.lease, "failed", error=error)
 
     assert ack.status == "failed"
     for reader in (store, ExecutionStore.from_settings(await open_pool(), settings)):
-        rec = await reader.get("order-42")
+        rec = await reader.history.get("order-42")
         assert rec["status"] == "failed"
         assert rec["outcome"]["error"]["name"] == "CardDeclined"
         assert rec["outcome"]["error"]["message"] == "insufficient funds"
@@ -542,8 +542,8 @@ async def test_a_delivery_acknowledges_failed(store, settings, open_pool):
     # An error without details still records a name and a message.
     await admit(store, "order-43")
     d = await claim_one(store, "order-43")
-    await store.acknowledge(d.lease, "failed")
-    err = (await store.get("order-43"))["outcome"]["error"]
+    await store.leases.acknowledge(d.lease, "failed")
+    err = (await store.history.get("order-43"))["outcome"]["error"]
     assert {"name", "message"} <= set(err)
 
 
@@ -551,34 +551,34 @@ async def test_a_delivery_acknowledges_failed(store, settings, open_pool):
 async def test_a_second_terminal_acknowledgement_differs_from_the_first(store, first):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    first_ack = await store.acknowledge(
+    first_ack = await store.leases.acknowledge(
         d.lease, first, result={"receipt": "r-1"}, error={"name": "First", "message": "first"}
     )
-    recorded = await store.get("order-42")
+    recorded = await store.history.get("order-42")
 
     for status, kw in (
         ("completed", {"result": {"receipt": "r-2"}}),
         ("failed", {"error": {"name": "Second", "message": "second"}}),
     ):
-        again = await store.acknowledge(d.lease, status, **kw)
+        again = await store.leases.acknowledge(d.lease, status, **kw)
         assert again == first_ack
 
-    assert same_record(await store.get("order-42"), recorded)
-    assert [e["kind"] for e in await store.events("order-42")].count("acknowledged") == 1
+    assert same_record(await store.history.get("order-42"), recorded)
+    assert [e["kind"] for e in await store.history.events("order-42")].count("acknowledged") == 1
 
 
 @pytest.mark.parametrize("terminal", ["completed", "failed"])
 async def test_a_suspended_acknowledgement_arrives_after_a_terminal_one(store, terminal):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    first_ack = await store.acknowledge(
+    first_ack = await store.leases.acknowledge(
         d.lease, terminal, result={"receipt": "r-1"}, error={"name": "E", "message": "m"}
     )
-    recorded = await store.get("order-42")
+    recorded = await store.history.get("order-42")
 
-    assert await store.acknowledge(d.lease, "suspended") == first_ack
+    assert await store.leases.acknowledge(d.lease, "suspended") == first_ack
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert same_record(rec, recorded)
     assert rec["status"] == terminal
 
@@ -589,18 +589,18 @@ async def test_a_terminal_execution_is_delivered_again(store, clock, terminal):
     handed out again, and acknowledging it returns the recorded outcome."""
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    recorded = await store.acknowledge(
+    recorded = await store.leases.acknowledge(
         d.lease, terminal, result={"receipt": "r-1"}, error={"name": "E", "message": "m"}
     )
 
-    assert await store.request_wake("order-42") == "ignored"
+    assert await store.operator.request_wake("order-42") == "ignored"
     await clock.backdate_due("order-42", 3600)
     assert await claim(store) == {}
-    assert await store.reap_expired() == ReapResult(0, [])
+    assert await store.leases.reap_expired() == ReapResult(0, [])
 
-    assert await store.acknowledge(d.lease, "suspended") == recorded
-    assert await store.acknowledge(d.lease, "completed", result="other") == recorded
-    rec = await store.get("order-42")
+    assert await store.leases.acknowledge(d.lease, "suspended") == recorded
+    assert await store.leases.acknowledge(d.lease, "completed", result="other") == recorded
+    rec = await store.history.get("order-42")
     assert rec["status"] == terminal and rec["token"] == d.lease.token
 
 
@@ -608,13 +608,13 @@ async def test_a_delivery_fails_with_an_infrastructure_error(store, clock):
     """The worker releases (never acknowledges) on an infrastructure error."""
     await suspended_without_wakes(store, "order-42")
     wake_at = await clock.later(-1)
-    await store.request_wake("order-42", wake_at)
-    before = await store.get("order-42")
+    await store.operator.request_wake("order-42", wake_at)
+    before = await store.history.get("order-42")
     d = await claim_one(store, "order-42")
 
-    await store.release(d.lease)
+    await store.leases.release(d.lease)
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == before["status"] == "suspended"
     assert rec["outcome"] is None
     assert rec["due_at"] == wake_at  # its wake stays pending

@@ -11,13 +11,13 @@ import asyncio
 import asyncpg
 import pytest
 
-from app.store import ExecutionStore, Lease, LeaseLost
+from app.store import ChildExecution, ExecutionStore, Lease, LeaseLost
 from tests.support.admission import admit
 from tests.support.waiting import wait_until
 
 
 async def claim(store: ExecutionStore, workflow_id: str, owner: str) -> Lease:
-    deliveries = await store.claim_due(1, 30.0, owner, [workflow_id])
+    deliveries = await store.leases.claim_due(1, 30.0, owner, [workflow_id])
     assert len(deliveries) == 1, f"nothing of {workflow_id} to claim"
     return deliveries[0].lease
 
@@ -61,15 +61,15 @@ async def test_a_stale_parent_holder_cannot_start_a_child_after_a_newer_claim(
     assert current.token == stale.token + 1
 
     with pytest.raises(LeaseLost):
-        await store.start_child(stale, "c", workflow_id="fence-child", params={},
+        await store.compose.start_child(stale, "c", workflow_id="fence-child", params={},
                                 child_id="fp~stale")
 
     assert await children(pool, "fp") == []
-    assert await store.get("fp~stale") is None
+    assert await store.history.get("fp~stale") is None
     assert await event_count(pool, "fp", "child_started") == 0
     # The current holder starts it, once.
-    assert await store.start_child(current, "c", workflow_id="fence-child", params={},
-                                   child_id="fp~c") == ("started", {"executionId": "fp~c"})
+    assert await store.compose.start_child(current, "c", workflow_id="fence-child", params={},
+                                   child_id="fp~c") == ("started", ChildExecution("fp~c"))
     assert await children(pool, "fp") == [("fp~c", "c")]
 
 
@@ -80,7 +80,7 @@ async def test_a_stale_holder_whose_lease_lapsed_unclaimed_may_still_start_its_c
     await admit(store, "fence-parent", "fq")
     lease = await claim(store, "fence-parent", "holder-A")
     await clock.expire_lease("fq")
-    assert (await store.start_child(lease, "c", workflow_id="fence-child", params={},
+    assert (await store.compose.start_child(lease, "c", workflow_id="fence-child", params={},
                                     child_id="fq~c"))[0] == "started"
 
 
@@ -102,7 +102,7 @@ async def test_concurrent_start_child_for_one_step_with_different_ids_makes_one_
         ids = {"x": f"{parent}~x", "y": f"{parent}~y"}
 
         async def start(which: str, p: asyncpg.Pool, lease=lease, ids=ids):
-            return await ExecutionStore(p).start_child(
+            return await ExecutionStore(p).compose.start_child(
                 lease, "step", workflow_id="race-child", params={"by": which},
                 child_id=ids[which])
 
@@ -125,7 +125,7 @@ async def test_concurrent_start_child_for_one_step_with_different_ids_makes_one_
         assert kinds == ["existing", "started"], (mode, answers)
         winner = next(w for w, (kind, _) in answers.items() if kind == "started")
         winners[winner] += 1
-        assert {d["executionId"] for _, d in answers.values()} == {ids[winner]}, answers
+        assert {d.execution_id for _, d in answers.values()} == {ids[winner]}, answers
         assert await children(pool, parent) == [(ids[winner], "step")]
         assert await event_count(pool, parent, "child_started") == 1
         outcomes[mode] += 1
@@ -137,7 +137,7 @@ async def test_the_unique_index_refuses_a_second_child_for_a_step(
         store: ExecutionStore, pool: asyncpg.Pool):
     await admit(store, "race-parent", "ui")
     lease = await claim(store, "race-parent", "holder")
-    await store.start_child(lease, "s", workflow_id="race-child", params={}, child_id="ui~1")
+    await store.compose.start_child(lease, "s", workflow_id="race-child", params={}, child_id="ui~1")
     with pytest.raises(asyncpg.UniqueViolationError):
         await pool.execute(
             "INSERT INTO executions (execution_id, workflow_id, params, parent_execution_id, "

@@ -15,11 +15,11 @@ from app.store import Admitted, ExecutionStore, Lease
 
 
 async def stale_and_current(store: ExecutionStore, clock, execution_id: str) -> tuple[Lease, Lease]:
-    result = await store.admit(workflow_id="lo-wf", params={}, execution_id=execution_id)
+    result = await store.admissions.admit(workflow_id="lo-wf", params={}, execution_id=execution_id)
     assert isinstance(result, Admitted), result
-    [a] = await store.claim_due(1, 30.0, "holder-A", ["lo-wf"])
+    [a] = await store.leases.claim_due(1, 30.0, "holder-A", ["lo-wf"])
     await clock.expire_lease(execution_id)
-    [b] = await store.claim_due(1, 30.0, "holder-B", ["lo-wf"])
+    [b] = await store.leases.claim_due(1, 30.0, "holder-B", ["lo-wf"])
     assert b.lease.token == a.lease.token + 1
     return a.lease, b.lease
 
@@ -46,9 +46,9 @@ async def counter(pool: asyncpg.Pool, execution_id: str) -> int:
 
 async def test_a_late_result_equal_to_the_recorded_one_is_no_conflict(store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-same")
-    await store.write_step(current, "charge", value={"receipt": 7})
+    await store.steps.write_step(current, "charge", value={"receipt": 7})
 
-    flag = await store.record_late_observation(stale, "charge", value={"receipt": 7})
+    flag = await store.steps.record_late_observation(stale, "charge", value={"receipt": 7})
 
     assert flag is False
     [obs] = await observations(pool, "lo-same")
@@ -60,9 +60,9 @@ async def test_a_late_result_equal_to_the_recorded_one_is_no_conflict(store, poo
 async def test_a_late_result_that_differs_is_an_integrity_conflict_never_applied(
         store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-diff")
-    await store.write_step(current, "charge", value={"receipt": 7})
+    await store.steps.write_step(current, "charge", value={"receipt": 7})
 
-    flag = await store.record_late_observation(stale, "charge", value={"receipt": 8})
+    flag = await store.steps.record_late_observation(stale, "charge", value={"receipt": 8})
 
     assert flag is True
     [obs] = await observations(pool, "lo-diff")
@@ -71,34 +71,34 @@ async def test_a_late_result_that_differs_is_an_integrity_conflict_never_applied
     events = await conflict_events(pool, "lo-diff")
     assert events == [{"token": stale.token,
                        "detail": {"stepKey": "charge", "observationId": obs["observation_id"]}}]
-    step = (await store.steps(["lo-diff"]))["lo-diff"]["charge"]
+    step = (await store.history.steps(["lo-diff"]))["lo-diff"]["charge"]
     assert (step.value, step.token) == ({"receipt": 7}, current.token)  # untouched
-    record = await store.get("lo-diff")
+    record = await store.history.get("lo-diff")
     assert (record["status"], record["token"]) == ("running", current.token)
 
     # A second conflicting observation counts again.
-    assert await store.record_late_observation(stale, "charge", error={"name": "Boom",
+    assert await store.steps.record_late_observation(stale, "charge", error={"name": "Boom",
                                                                        "message": "x"}) is True
     assert await counter(pool, "lo-diff") == 2
 
 
 async def test_errors_compare_by_name_and_nothing_recorded_is_null(store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-err")
-    await store.write_step(current, "call", error={"name": "Declined", "message": "at 10:01"})
+    await store.steps.write_step(current, "call", error={"name": "Declined", "message": "at 10:01"})
 
     # Same failure (the message may carry times, hosts, ...): no conflict.
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, "call", error={"name": "Declined", "message": "at 10:00"}) is False
     # Another failure, or a value where a failure was recorded: conflict.
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, "call", error={"name": "Timeout", "message": "t"}) is True
-    assert await store.record_late_observation(stale, "call", value=1) is True
+    assert await store.steps.record_late_observation(stale, "call", value=1) is True
     # Nothing recorded under that key yet: nothing to compare with.
-    assert await store.record_late_observation(stale, "later", value=1) is None
+    assert await store.steps.record_late_observation(stale, "later", value=1) is None
     # A rejected write that observed no result (e.g. a start_child): NULL too.
-    assert await store.record_late_observation(stale, "call") is None
+    assert await store.steps.record_late_observation(stale, "call") is None
     # ... unless the caller says None *was* the result: then it is compared.
-    assert await store.record_late_observation(stale, "call", observed=True) is True
+    assert await store.steps.record_late_observation(stale, "call", observed=True) is True
 
     flags = [o["conflict"] for o in await observations(pool, "lo-err")]
     assert flags == [False, True, True, None, None, True]
@@ -108,50 +108,50 @@ async def test_errors_compare_by_name_and_nothing_recorded_is_null(store, pool, 
 
 async def test_a_late_none_result_equal_to_a_recorded_none_is_no_conflict(store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-none")
-    await store.write_step(current, "noop", value=None)
-    assert await store.record_late_observation(stale, "noop", value=None, observed=True) is False
-    assert await store.record_late_observation(stale, "noop", value=0) is True
+    await store.steps.write_step(current, "noop", value=None)
+    assert await store.steps.record_late_observation(stale, "noop", value=None, observed=True) is False
+    assert await store.steps.record_late_observation(stale, "noop", value=0) is True
 
 
 async def test_a_rejected_acknowledgement_is_compared_with_the_terminal_outcome(
         store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-ack")
     # Not terminal yet: nothing to compare with.
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "completed", "result": {"n": 1}}) is None
-    await store.acknowledge(current, "completed", result={"n": 1})
+    await store.leases.acknowledge(current, "completed", result={"n": 1})
 
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "completed", "result": {"n": 1}}) is False
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "completed", "result": {"n": 2}}) is True
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "failed", "result": None},
         error={"name": "Boom", "message": "m"}) is True
     # A suspension is no outcome: nothing to compare.
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "suspended", "result": None}) is None
 
     assert await counter(pool, "lo-ack") == 2
     details = [e["detail"] for e in await conflict_events(pool, "lo-ack")]
     assert [d["stepKey"] for d in details] == [None, None]
-    record = await store.get("lo-ack")
+    record = await store.history.get("lo-ack")
     assert (record["status"], record["outcome"]) == ("completed", {"result": {"n": 1}})
 
 
 async def test_a_failed_outcome_is_compared_by_error_name(store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-ackf")
-    await store.acknowledge(current, "failed", error={"name": "Declined", "message": "m1"})
-    assert await store.record_late_observation(
+    await store.leases.acknowledge(current, "failed", error={"name": "Declined", "message": "m1"})
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "failed", "result": None},
         error={"name": "Declined", "message": "m2"}) is False
-    assert await store.record_late_observation(
+    assert await store.steps.record_late_observation(
         stale, None, value={"acknowledge": "completed", "result": 1}) is True
 
 
 async def test_the_observation_list_reads_the_flag(store, pool, clock):
     stale, current = await stale_and_current(store, clock, "lo-read")
-    await store.write_step(current, "s", value=1)
-    await store.record_late_observation(stale, "s", value=2)
-    [obs] = await store.late_observations("lo-read")
+    await store.steps.write_step(current, "s", value=1)
+    await store.steps.record_late_observation(stale, "s", value=2)
+    [obs] = await store.history.late_observations("lo-read")
     assert obs["conflict"] is True

@@ -10,7 +10,7 @@ import asyncio
 
 import asyncpg
 
-from app.store import Admitted, Conflict, ExecutionStore
+from app.store import Admitted, ChildExecution, Conflict, ExecutionStore
 from tests.http.conftest import api_settings
 from tests.support.asgi import asgi_client
 from tests.support.responses import assert_error
@@ -20,14 +20,14 @@ from tests.support.waiting import wait_until
 async def finish(store: ExecutionStore, clock, execution_id: str, *, takeovers: int = 0) -> int:
     """Admit, claim (taking over `takeovers` expired leases first), complete;
     returns the last token."""
-    result = await store.admit(workflow_id="ret-wf", params={}, execution_id=execution_id)
+    result = await store.admissions.admit(workflow_id="ret-wf", params={}, execution_id=execution_id)
     assert isinstance(result, Admitted), result
     for _ in range(takeovers + 1):
-        [d] = await store.claim_due(1, 30.0, "w", ["ret-wf"])
+        [d] = await store.leases.claim_due(1, 30.0, "w", ["ret-wf"])
         if _ < takeovers:
             await clock.expire_lease(execution_id)
-    await store.write_step(d.lease, "s", value=1)
-    await store.acknowledge(d.lease, "completed", result={"ok": True})
+    await store.steps.write_step(d.lease, "s", value=1)
+    await store.leases.acknowledge(d.lease, "completed", result={"ok": True})
     return d.lease.token
 
 
@@ -51,15 +51,15 @@ async def test_a_pruned_id_is_retired_with_its_last_token_and_refused(
     await finish(store, clock, "ret-young")
     await age(pool, "ret-1")
 
-    assert await store.prune_terminal(14 * 86400, 100) == 1
+    assert await store.history.prune_terminal(14 * 86400, 100) == 1
 
-    assert await store.get("ret-1") is None
+    assert await store.history.get("ret-1") is None
     stone = await tombstone(pool, "ret-1")
     assert stone is not None and (stone["last_token"], stone["workflow_id"]) == (last, "ret-wf")
     assert await tombstone(pool, "ret-young") is None  # not pruned, not retired
-    again = await store.admit(workflow_id="ret-wf", params={}, execution_id="ret-1")
+    again = await store.admissions.admit(workflow_id="ret-wf", params={}, execution_id="ret-1")
     assert again == Conflict("ret-1", "retired", "ret-wf")
-    assert await store.get("ret-1") is None  # nothing was admitted
+    assert await store.history.get("ret-1") is None  # nothing was admitted
     assert await pool.fetchval(
         "SELECT count(*) FROM execution_events WHERE execution_id = 'ret-1'") == 0
 
@@ -68,7 +68,7 @@ async def test_the_http_409_for_a_retired_id_says_it_was_retired(
         store: ExecutionStore, pool: asyncpg.Pool, clock, settings):
     await finish(store, clock, "ret-http")
     await age(pool, "ret-http")
-    assert await store.prune_terminal(14 * 86400, 100) == 1
+    assert await store.history.prune_terminal(14 * 86400, 100) == 1
 
     async with asgi_client(api_settings(settings)) as client:
         r = await client.post("/v1/executions",
@@ -88,15 +88,14 @@ async def test_the_http_409_for_a_retired_id_says_it_was_retired(
 async def test_a_retired_id_cannot_become_a_child(store: ExecutionStore, pool, clock):
     await finish(store, clock, "ret-kid")
     await age(pool, "ret-kid")
-    assert await store.prune_terminal(14 * 86400, 100) == 1
-    await store.admit(workflow_id="ret-parent", params={}, execution_id="ret-par")
-    [d] = await store.claim_due(1, 30.0, "w", ["ret-parent"])
+    assert await store.history.prune_terminal(14 * 86400, 100) == 1
+    await store.admissions.admit(workflow_id="ret-parent", params={}, execution_id="ret-par")
+    [d] = await store.leases.claim_due(1, 30.0, "w", ["ret-parent"])
 
-    answer = await store.start_child(d.lease, "c", workflow_id="ret-wf", params={},
+    answer = await store.compose.start_child(d.lease, "c", workflow_id="ret-wf", params={},
                                      child_id="ret-kid")
-    assert answer == ("conflict", {"executionId": "ret-kid", "status": "retired",
-                                   "workflowId": "ret-wf"})
-    assert await store.get("ret-kid") is None
+    assert answer == ("conflict", ChildExecution("ret-kid", "retired", "ret-wf"))
+    assert await store.history.get("ret-kid") is None
 
 
 async def test_admission_racing_the_prune_of_the_same_id_is_refused(
@@ -112,9 +111,9 @@ async def test_admission_racing_the_prune_of_the_same_id_is_refused(
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
-        assert await ExecutionStore(conn).prune_terminal(14 * 86400, 100) == 1
+        assert await ExecutionStore(conn).history.prune_terminal(14 * 86400, 100) == 1
         admission = asyncio.create_task(
-            ExecutionStore(other).admit(workflow_id="ret-wf", params={},
+            ExecutionStore(other).admissions.admit(workflow_id="ret-wf", params={},
                                         execution_id="ret-race"))
         # Done, or waiting behind the uncommitted delete (the bug).
         async def done_or_waiting() -> bool:
@@ -128,6 +127,6 @@ async def test_admission_racing_the_prune_of_the_same_id_is_refused(
     first = await admission
     assert isinstance(first, Conflict), first
     assert first.status in ("completed", "retired"), first
-    assert await store.get("ret-race") is None
-    assert await store.admit(workflow_id="ret-wf", params={}, execution_id="ret-race") == \
+    assert await store.history.get("ret-race") is None
+    assert await store.admissions.admit(workflow_id="ret-wf", params={}, execution_id="ret-race") == \
         Conflict("ret-race", "retired", "ret-wf")

@@ -66,7 +66,7 @@ def redelivery_delay(rec: dict) -> float:
 
 
 async def kinds(store: ExecutionStore, execution_id: str) -> list[str]:
-    return [e["kind"] for e in await store.events(execution_id)]
+    return [e["kind"] for e in await store.history.events(execution_id)]
 
 
 # --------------------------------------------------------------------------- #
@@ -90,8 +90,8 @@ async def test_two_dispatchers_call_claim_due_concurrently_for_one_due_execution
         await admit(store, f"order-{i}")
         # Either dispatcher's statement may be sent first.
         first, second = (d1, d2) if i % 2 else (d2, d1)
-        got = await asyncio.gather(first.claim_due(1, LEASE, "d1" if first is d1 else "d2"),
-                                   second.claim_due(1, LEASE, "d1" if second is d1 else "d2"))
+        got = await asyncio.gather(first.leases.claim_due(1, LEASE, "d1" if first is d1 else "d2"),
+                                   second.leases.claim_due(1, LEASE, "d1" if second is d1 else "d2"))
         leases = [d.lease for batch in got for d in batch]
         assert [lease.execution_id for lease in leases] == [f"order-{i}"]
         assert leases[0].token == 1
@@ -105,7 +105,7 @@ async def test_claim_due_claims_a_due_execution(store, clock):
 
     d = await claim_one(store, "order-42", owner="worker-7")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "running"
     assert rec["token"] == d.lease.token == 1
     assert rec["lease_owner"] == d.lease.owner == "worker-7"
@@ -122,7 +122,7 @@ async def test_a_lease_expires_without_renewal(store, clock):
 
     # Expired just now: the first redelivery delay (1 s) is still running.
     await clock.expire_lease("order-42", ago=0.1)
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["lease_expires_at"] is None and rec["status"] == "admitted"
     assert redelivery_delay(rec) == pytest.approx(1.0)
     assert await claim(store, owner="worker-B") == {}
@@ -130,7 +130,7 @@ async def test_a_lease_expires_without_renewal(store, clock):
     await clock.expire_lease("order-42", ago=1.5)
     b = await claim_one(store, "order-42", owner="worker-B")
     assert b.lease.token > a.lease.token
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "running" and rec["lease_owner"] == "worker-B"
     assert rec["token"] == b.lease.token
 
@@ -139,8 +139,8 @@ async def test_a_lease_expires_without_renewal(store, clock):
 async def test_a_lease_expires_after_an_earlier_suspended_delivery(store, clock, ended_by):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    await store.acknowledge(d.lease, "suspended")
-    await store.request_wake("order-42")
+    await store.leases.acknowledge(d.lease, "suspended")
+    await store.operator.request_wake("order-42")
     second = await claim_one(store, "order-42")
     assert second.status_before == "suspended"
     await clock.expire_lease("order-42")
@@ -151,7 +151,7 @@ async def test_a_lease_expires_after_an_earlier_suspended_delivery(store, clock,
         third = await claim_one(store, "order-42", owner="worker-2")
         assert third.status_before == "suspended"
         await clock.expire_lease("order-42")
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "suspended"
     assert rec["outcome"] is None
 
@@ -167,7 +167,7 @@ async def test_a_lease_expires_before_any_acknowledgement(store, clock, ended_by
     elif ended_by == "takeover":
         assert (await claim_one(store, "order-42", owner="worker-2")).status_before == "admitted"
         await clock.expire_lease("order-42")
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "admitted"
     assert rec["outcome"] is None
 
@@ -182,22 +182,22 @@ async def test_renewal_keeps_the_lease_past_its_original_expiry(store, clock):
     for _ in range(3):
         await clock.backdate_lease("order-42", 25)
         t = await clock.now()
-        renewed, lost = await store.renew([lease], LEASE)
+        renewed, lost = await store.leases.renew([lease], LEASE)
         assert lost == [] and len(renewed) == 1
         assert renewed[0].token == lease.token
         assert renewed[0].expires_at >= t + timedelta(seconds=LEASE)  # a full period again
         assert (await clock.raw("order-42"))["lease_expires_at"] == renewed[0].expires_at
         lease = renewed[0]
         assert await claim(store, owner="worker-2") == {}
-        assert (await store.get("order-42"))["status"] == "running"
+        assert (await store.history.get("order-42"))["status"] == "running"
 
     # Shifted back by the 75 s that "passed", the original expiry is long gone.
     assert original_expiry - timedelta(seconds=75) < await clock.now()
-    await store.write_step(lease, "charge-card", value={"receipt": "r-1"})
-    ack = await store.acknowledge(lease, "completed", result={"receipt": "r-1"})
+    await store.steps.write_step(lease, "charge-card", value={"receipt": "r-1"})
+    ack = await store.leases.acknowledge(lease, "completed", result={"receipt": "r-1"})
     assert ack.status == "completed"
     assert (await kinds(store, "order-42")).count("claimed") == 1
-    assert (await store.get("order-42"))["unacknowledged_deliveries"] == 0
+    assert (await store.history.get("order-42"))["unacknowledged_deliveries"] == 0
 
 
 @pytest.mark.parametrize("stale_because", ["reclaimed", "acknowledged", "released", "reaped"])
@@ -209,21 +209,21 @@ async def test_renewal_uses_a_stale_token(store, clock, stale_because):
         await clock.expire_lease("order-42")
         current = await claim_one(store, "order-42", owner="worker-B")
     elif stale_because == "acknowledged":
-        await store.acknowledge(d.lease, "suspended")
+        await store.leases.acknowledge(d.lease, "suspended")
     elif stale_because == "released":
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
     else:
         await clock.expire_lease("order-42")
-        await store.reap_expired()
-    before = await store.get("order-42")
+        await store.leases.reap_expired()
+    before = await store.history.get("order-42")
 
-    renewed, lost = await store.renew([d.lease], LEASE)
+    renewed, lost = await store.leases.renew([d.lease], LEASE)
 
     assert renewed == [] and lost == [d.lease]
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     assert after["lease_expires_at"] == before["lease_expires_at"]
     assert after["status"] == before["status"] and after["token"] == before["token"]
-    last = (await store.events("order-42"))[-1]
+    last = (await store.history.events("order-42"))[-1]
     if stale_because in ("acknowledged", "released"):
         # The holder ended the lease itself: a renewal racing its own
         # acknowledgement or release is not a loss worth a history entry.
@@ -232,7 +232,7 @@ async def test_renewal_uses_a_stale_token(store, clock, stale_because):
         assert last["kind"] == "renewal_lost" and last["token"] == d.lease.token
     if current is not None:
         # One batch with a stale and a current lease: only the current one renews.
-        renewed, lost = await store.renew([d.lease, current.lease], LEASE)
+        renewed, lost = await store.leases.renew([d.lease, current.lease], LEASE)
         assert [x.token for x in renewed] == [current.lease.token]
         assert lost == [d.lease]
 
@@ -241,9 +241,9 @@ async def test_a_lease_is_released(store, clock):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
 
-    assert await store.release(d.lease) is None
+    assert await store.leases.release(d.lease) is None
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "admitted"
     assert rec["lease_owner"] is None and rec["lease_expires_at"] is None
     assert rec["unacknowledged_deliveries"] == 1
@@ -253,7 +253,7 @@ async def test_a_lease_is_released(store, clock):
     again = await claim_one(store, "order-42", owner="worker-2")
     assert again.lease.token > d.lease.token
     with pytest.raises(LeaseLost):  # a released lease is over
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
 
 
 async def test_a_delivery_acknowledges_suspended_with_a_future_wake_requested_during_it(
@@ -262,15 +262,15 @@ async def test_a_delivery_acknowledges_suspended_with_a_future_wake_requested_du
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
     wake_at = await clock.later(600)
-    await store.request_wake("order-42", wake_at)
+    await store.operator.request_wake("order-42", wake_at)
 
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "suspended"
     assert rec["lease_owner"] is None and rec["lease_expires_at"] is None
     assert rec["due_at"] == wake_at
-    assert (await store.renew([d.lease], LEASE))[1] == [d.lease]  # the lease has ended
+    assert (await store.leases.renew([d.lease], LEASE))[1] == [d.lease]  # the lease has ended
     assert await claim(store) == {}
     await clock.backdate_due("order-42", 601)
     assert (await claim_one(store, "order-42")).lease.token == d.lease.token + 1
@@ -280,16 +280,16 @@ async def test_a_delivery_acknowledges_suspended_with_no_wake_requested_during_i
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
 
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "suspended"
     assert rec["lease_expires_at"] is None
     assert rec["due_at"] is None
     await clock.backdate_due("order-42", 3600)  # no amount of time makes it due
     assert await claim(store) == {}
     with pytest.raises(LeaseLost):
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
 
 
 async def test_a_worker_crashes(store, clock):
@@ -313,25 +313,25 @@ async def test_a_worker_crashes(store, clock):
 async def test_a_stale_holder_writes_a_heap_step_after_a_reclaim(store, clock):
     await admit(store, "order-42")
     a = await claim_one(store, "order-42", owner="worker-A")
-    await store.write_step(a.lease, "load-order", value={"status": "open"})
+    await store.steps.write_step(a.lease, "load-order", value={"status": "open"})
     await clock.expire_lease("order-42")
     b = await claim_one(store, "order-42", owner="worker-B")
-    await store.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
-    steps_before = await store.steps(["order-42"])
+    await store.steps.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
+    steps_before = await store.history.steps(["order-42"])
 
     with pytest.raises(LeaseLost):
-        await store.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
+        await store.steps.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
     with pytest.raises(LeaseLost):
-        await store.write_step(a.lease, "ship-order", value={"shipped": True})
+        await store.steps.write_step(a.lease, "ship-order", value={"shipped": True})
     with pytest.raises(LeaseLost):
-        await store.write_step(a.lease, "load-order", value={"status": "closed"})
+        await store.steps.write_step(a.lease, "load-order", value={"status": "closed"})
 
-    steps = await store.steps(["order-42"])
+    steps = await store.history.steps(["order-42"])
     assert steps == steps_before
     assert steps["order-42"]["charge-card"].value == {"receipt": "by-B"}
     assert steps["order-42"]["charge-card"].token == b.lease.token
     assert steps["order-42"]["load-order"].token == a.lease.token
-    rejected = [e for e in await store.events("order-42") if e["kind"] == "fenced_write_rejected"]
+    rejected = [e for e in await store.history.events("order-42") if e["kind"] == "fenced_write_rejected"]
     assert [(e["token"], e["detail"]["stepKey"]) for e in rejected] == [
         (a.lease.token, "charge-card"),
         (a.lease.token, "ship-order"),
@@ -344,8 +344,8 @@ async def test_a_stale_holder_acknowledges_after_a_reclaim(store, clock, current
     await admit(store, "order-42")
     a, b = await reclaimed(store, clock, "order-42")
     if current_state == "completed":
-        await store.acknowledge(b.lease, "completed", result={"by": "B"})
-    before = await store.get("order-42")
+        await store.leases.acknowledge(b.lease, "completed", result={"by": "B"})
+    before = await store.history.get("order-42")
 
     for status, kw in (
         ("completed", {"result": {"by": "A"}}),
@@ -353,9 +353,9 @@ async def test_a_stale_holder_acknowledges_after_a_reclaim(store, clock, current
         ("suspended", {}),
     ):
         with pytest.raises(LeaseLost):
-            await store.acknowledge(a.lease, status, **kw)
+            await store.leases.acknowledge(a.lease, status, **kw)
 
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     assert (after["status"], after["outcome"], after["token"]) == (
         before["status"],
         before["outcome"],
@@ -367,24 +367,24 @@ async def test_a_stale_holder_acknowledges_after_a_reclaim(store, clock, current
 async def test_a_holder_pauses_past_expiry_another_claims_and_the_first_resumes(store, clock):
     await admit(store, "order-42")
     a = await claim_one(store, "order-42", owner="worker-A")
-    await store.write_step(a.lease, "load-order", value={"status": "open"})
+    await store.steps.write_step(a.lease, "load-order", value={"status": "open"})
     await clock.expire_lease("order-42")  # A is paused (GC, frozen VM...)
     b = await claim_one(store, "order-42", owner="worker-B")
-    before = await store.get("order-42")
+    before = await store.history.get("order-42")
 
     # A resumes: every fenced write it makes is rejected.
     with pytest.raises(LeaseLost):
-        await store.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
-    renewed, lost = await store.renew([a.lease], LEASE)
+        await store.steps.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
+    renewed, lost = await store.leases.renew([a.lease], LEASE)
     assert renewed == [] and lost == [a.lease]
     with pytest.raises(LeaseLost):
-        await store.release(a.lease)
+        await store.leases.release(a.lease)
     with pytest.raises(LeaseLost):
-        await store.acknowledge(a.lease, "completed", result={"by": "A"})
+        await store.leases.acknowledge(a.lease, "completed", result={"by": "A"})
     with pytest.raises(LeaseLost):
-        await store.acknowledge(a.lease, "suspended")
+        await store.leases.acknowledge(a.lease, "suspended")
 
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     for key in (
         "status",
         "token",
@@ -394,34 +394,34 @@ async def test_a_holder_pauses_past_expiry_another_claims_and_the_first_resumes(
         "outcome",
     ):
         assert after[key] == before[key], key
-    assert "charge-card" not in (await store.steps(["order-42"]))["order-42"]
+    assert "charge-card" not in (await store.history.steps(["order-42"]))["order-42"]
 
     # B is unaffected.
-    assert (await store.renew([b.lease], LEASE))[0][0].token == b.lease.token
-    step = await store.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
+    assert (await store.leases.renew([b.lease], LEASE))[0][0].token == b.lease.token
+    step = await store.steps.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
     assert step.value == {"receipt": "by-B"} and step.token == b.lease.token
-    assert (await store.acknowledge(b.lease, "completed", result="ok")).status == "completed"
+    assert (await store.leases.acknowledge(b.lease, "completed", result="ok")).status == "completed"
 
 
 async def test_the_current_holder_rewrites_an_existing_step_record(store, clock):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    first = await store.write_step(
+    first = await store.steps.write_step(
         d.lease, "charge-card", value={"receipt": "r-1"}, function_name="charge"
     )
 
-    again = await store.write_step(d.lease, "charge-card", value={"receipt": "r-2"}, attempts=3)
-    failed = await store.write_step(d.lease, "charge-card", error={"name": "E", "message": "m"})
+    again = await store.steps.write_step(d.lease, "charge-card", value={"receipt": "r-2"}, attempts=3)
+    failed = await store.steps.write_step(d.lease, "charge-card", error={"name": "E", "message": "m"})
 
     assert again == first and failed == first
-    assert (await store.steps(["order-42"]))["order-42"]["charge-card"] == first
+    assert (await store.history.steps(["order-42"]))["order-42"]["charge-card"] == first
     assert (await kinds(store, "order-42")).count("step_recorded") == 1
 
     # A later holder replaying the step gets the recorded value too.
-    await store.release(d.lease)
+    await store.leases.release(d.lease)
     await clock.backdate_redelivery("order-42", 3600)
     later = await claim_one(store, "order-42")
-    assert await store.write_step(later.lease, "charge-card", value={"receipt": "r-3"}) == first
+    assert await store.steps.write_step(later.lease, "charge-card", value={"receipt": "r-3"}) == first
 
 
 @pytest.mark.parametrize("current_acknowledges", ["suspended", "completed"])
@@ -430,9 +430,9 @@ async def test_a_stale_holder_requests_a_wake(store, clock, current_acknowledges
     a, b = await reclaimed(store, clock, "order-42")
 
     # Wakes are unfenced: the stale holder's wake is accepted.
-    assert await store.request_wake(a.lease.execution_id) == "requested"
-    await store.write_step(b.lease, "charge-card", value={"receipt": "r-1"})
-    await store.acknowledge(b.lease, current_acknowledges, result={"receipt": "r-1"})
+    assert await store.operator.request_wake(a.lease.execution_id) == "requested"
+    await store.steps.write_step(b.lease, "charge-card", value={"receipt": "r-1"})
+    await store.leases.acknowledge(b.lease, current_acknowledges, result={"receipt": "r-1"})
 
     extra = 0
     for _ in range(3):
@@ -442,15 +442,15 @@ async def test_a_stale_holder_requests_a_wake(store, clock, current_acknowledges
         extra += 1
         d = claimed["order-42"]
         # The replay finds the recorded step; it acknowledges without new wakes.
-        assert (await store.write_step(d.lease, "charge-card", value={"receipt": "r-2"})).value == {
+        assert (await store.steps.write_step(d.lease, "charge-card", value={"receipt": "r-2"})).value == {
             "receipt": "r-1"
         }
-        await store.acknowledge(d.lease, "suspended")
+        await store.leases.acknowledge(d.lease, "suspended")
     assert extra == (1 if current_acknowledges == "suspended" else 0)
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     if current_acknowledges == "completed":
         assert rec["outcome"] == {"result": {"receipt": "r-1"}}
-    assert (await store.steps(["order-42"]))["order-42"]["charge-card"].value == {"receipt": "r-1"}
+    assert (await store.history.steps(["order-42"]))["order-42"]["charge-card"].value == {"receipt": "r-1"}
 
 
 # --------------------------------------------------------------------------- #
@@ -464,11 +464,11 @@ async def test_more_executions_are_due_than_concurrency(store):
         await admit(store, f"order-{i}")
     seen: list[str] = []
     for expected in (3, 3, 1, 0):
-        batch = await store.claim_due(3, LEASE, "worker-1")
+        batch = await store.leases.claim_due(3, LEASE, "worker-1")
         assert len(batch) == expected
         seen += [d.lease.execution_id for d in batch]
     assert sorted(seen) == sorted(f"order-{i}" for i in range(7))
-    assert await store.claim_due(0, LEASE, "worker-1") == []
+    assert await store.leases.claim_due(0, LEASE, "worker-1") == []
 
 
 async def test_several_dispatchers_share_one_backend(store, settings, open_pool):
@@ -486,7 +486,7 @@ async def test_several_dispatchers_share_one_backend(store, settings, open_pool)
     async def run(idx: int, s: ExecutionStore) -> list[Delivery]:
         got: list[Delivery] = []
         await start.wait()
-        while batch := await s.claim_due(3, LEASE, f"dispatcher-{idx}"):
+        while batch := await s.leases.claim_due(3, LEASE, f"dispatcher-{idx}"):
             got += batch
         return got
 
@@ -507,11 +507,11 @@ async def test_a_delivery_replies_retry(store, clock):
     await admit(store, "order-42")
     for expected in (1, 2, 3):
         d = await claim_one(store, "order-42")
-        await store.release(d.lease)  # the retry reply
-        rec = await store.get("order-42")
+        await store.leases.release(d.lease)  # the retry reply
+        rec = await store.history.get("order-42")
         assert rec["unacknowledged_deliveries"] == expected
         assert rec["lease_expires_at"] is None and rec["status"] == "admitted"
-        released = (await store.events("order-42"))[-1]
+        released = (await store.history.events("order-42"))[-1]
         assert released["kind"] == "released"
         assert released["detail"]["unacknowledgedDeliveries"] == expected
         await clock.backdate_redelivery("order-42", 3600)
@@ -522,8 +522,8 @@ async def test_a_delivery_replies_retry_several_times_in_a_row(store, clock):
     delays: list[float] = []
     for _ in range(8):
         d = await claim_one(store, "order-42")
-        await store.release(d.lease)
-        rec = await store.get("order-42")
+        await store.leases.release(d.lease)
+        rec = await store.history.get("order-42")
         delay = redelivery_delay(rec)
         delays.append(delay)
         # Not claimable before the delay has passed, claimable once it has.
@@ -540,8 +540,8 @@ async def test_the_redelivery_delay_never_decreases_up_to_its_cap(pool, clock):
     delays = []
     for _ in range(10):
         d = await claim_one(store, "order-42")
-        await store.release(d.lease)
-        delays.append(redelivery_delay(await store.get("order-42")))
+        await store.leases.release(d.lease)
+        delays.append(redelivery_delay(await store.history.get("order-42")))
         await clock.backdate_redelivery("order-42", 3600)
     assert delays[:5] == pytest.approx([0.25, 0.5, 1.0, 2.0, 3.0])
     assert delays[5:] == pytest.approx([3.0] * 5)
@@ -551,7 +551,7 @@ async def test_the_redelivery_delay_never_decreases_up_to_its_cap(pool, clock):
 async def test_a_lease_expires_after_a_retry_reply(store, clock, ended_by):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    await store.release(d.lease)
+    await store.leases.release(d.lease)
     await clock.backdate_redelivery("order-42", 3600)
     await claim_one(store, "order-42")
     await clock.expire_lease("order-42")
@@ -563,7 +563,7 @@ async def test_a_lease_expires_after_a_retry_reply(store, clock, ended_by):
         third = await claim_one(store, "order-42", owner="worker-2")
         assert third.unacknowledged_deliveries == 2
         return
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["unacknowledged_deliveries"] == 2
     assert redelivery_delay(rec) == pytest.approx(2.0)  # base * 2^(2-1)
 
@@ -572,15 +572,15 @@ async def test_a_delivery_is_acknowledged_after_several_retry_replies(store, clo
     await admit(store, "order-42")
     for _ in range(4):
         d = await claim_one(store, "order-42")
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
         await clock.backdate_redelivery("order-42", 3600)
-    assert (await store.get("order-42"))["unacknowledged_deliveries"] == 4
+    assert (await store.history.get("order-42"))["unacknowledged_deliveries"] == 4
     d = await claim_one(store, "order-42")
 
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
 
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["unacknowledged_deliveries"] == 0
     assert rec["redeliver_after"] is None and rec["last_unacknowledged_at"] is None
-    assert await store.request_wake("order-42") == "requested"
+    assert await store.operator.request_wake("order-42") == "requested"
     assert (await claim_one(store, "order-42")).lease.token == d.lease.token + 1  # not delayed

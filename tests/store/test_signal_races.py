@@ -41,13 +41,13 @@ async def separate_stores(open_pool, settings, n: int) -> list[ExecutionStore]:
 
 
 async def suspend_waiting(store: ExecutionStore, d: Delivery) -> None:
-    await store.acknowledge(d.lease, "suspended", waiting_on={"signal": NAME, "until": None})
+    await store.leases.acknowledge(d.lease, "suspended", waiting_on={"signal": NAME, "until": None})
 
 
 async def waiting_delivery(store: ExecutionStore, d: Delivery) -> str:
     """consume, and with nothing pending, suspend: "consumed" or "suspended"."""
-    if await store.consume_signal(d.lease, KEY, NAME) is not None:
-        await store.acknowledge(d.lease, "completed", result="got it")
+    if await store.signals.consume_signal(d.lease, KEY, NAME) is not None:
+        await store.leases.acknowledge(d.lease, "completed", result="got it")
         return "consumed"
     await suspend_waiting(store, d)
     return "suspended"
@@ -62,22 +62,22 @@ async def settle(store: ExecutionStore, where: str, eid: str, first: str,
         outcome = "consumed by the waiting delivery"
     else:
         outcome = "woke the next delivery"
-        rec = await store.get(eid)
+        rec = await store.history.get(eid)
         assert rec["status"] == "suspended" and rec["due_at"] is not None, (
             f"{where}: the signal's wake was lost: {rec}")
-        [again] = await store.claim_due(1, LEASE, "worker-C")
+        [again] = await store.leases.claim_due(1, LEASE, "worker-C")
         assert again.lease.execution_id == eid, where
-        step = await store.consume_signal(again.lease, KEY, NAME)
+        step = await store.signals.consume_signal(again.lease, KEY, NAME)
         assert step is not None, f"{where}: woken, but no signal to consume"
-        await store.acknowledge(again.lease, "completed", result="got it")
-    rec = await store.get(eid)
+        await store.leases.acknowledge(again.lease, "completed", result="got it")
+    rec = await store.history.get(eid)
     assert rec["status"] == "completed", where
-    steps = (await store.steps([eid]))[eid]
+    steps = (await store.history.steps([eid]))[eid]
     assert steps[KEY].value == payload, where
     consumed = await store.pool.fetch(
         "SELECT consumed_step FROM signals WHERE execution_id = $1", eid)
     assert [r["consumed_step"] for r in consumed] == [KEY], where
-    assert await store.claim_due(10, LEASE, "worker-D") == [], where
+    assert await store.leases.claim_due(10, LEASE, "worker-D") == [], where
     return outcome
 
 
@@ -96,12 +96,12 @@ async def test_a_signal_racing_its_waiting_delivery_is_never_lost(store, setting
 
     async def send(eid: str, payload: dict):
         await jitter()
-        return await sender.send_signal(eid, NAME, payload)
+        return await sender.signals.send_signal(eid, NAME, payload)
 
     for r in outcomes.rounds(ROUNDS):
         eid = f"sig-{r}"
         await admit(store, eid)
-        [d] = await store.claim_due(1, LEASE, "worker-B")
+        [d] = await store.leases.claim_due(1, LEASE, "worker-B")
         payload = {"round": r}
         first, sent = await asyncio.gather(wait(d), send(eid, payload))
         assert sent == ("received", None), sent
@@ -124,11 +124,11 @@ ORDERS = [
 async def test_a_signal_and_its_waiting_delivery_in_each_order(store, pool, order):
     eid = "sig-forced"
     await admit(store, eid)
-    [d] = await store.claim_due(1, LEASE, "worker-B")
+    [d] = await store.leases.claim_due(1, LEASE, "worker-B")
     payload = {"order": order}
 
     def send():
-        return asyncio.create_task(store.send_signal(eid, NAME, payload))
+        return asyncio.create_task(store.signals.send_signal(eid, NAME, payload))
 
     signal_gate = "NEW.kind = 'signal_received'"
     if order == "signal-commits-then-consume":
@@ -140,7 +140,7 @@ async def test_a_signal_and_its_waiting_delivery_in_each_order(store, pool, orde
         async with StatementGate(pool, "execution_events", signal_gate) as gate:
             sending = send()
             await gate.until_held(also=sending.done)
-            consume = asyncio.create_task(store.consume_signal(d.lease, KEY, NAME))
+            consume = asyncio.create_task(store.signals.consume_signal(d.lease, KEY, NAME))
             await until_waiting(pool, 1, "row", what="consume behind the sender",
                                 also=consume.done)
             assert not consume.done()
@@ -155,10 +155,10 @@ async def test_a_signal_and_its_waiting_delivery_in_each_order(store, pool, orde
             await suspend_waiting(store, d)
             first, expected = "suspended", "woke the next delivery"
         else:
-            await store.acknowledge(d.lease, "completed", result="got it")
+            await store.leases.acknowledge(d.lease, "completed", result="got it")
             first, expected = "consumed", "consumed by the waiting delivery"
     elif order == "consume-then-signal-holds-row-ack-waits":
-        assert await store.consume_signal(d.lease, KEY, NAME) is None
+        assert await store.signals.consume_signal(d.lease, KEY, NAME) is None
         async with StatementGate(pool, "execution_events", signal_gate) as gate:
             sending = send()
             await gate.until_held(also=sending.done)
@@ -171,7 +171,7 @@ async def test_a_signal_and_its_waiting_delivery_in_each_order(store, pool, orde
         first, expected = "suspended", "woke the next delivery"
     elif order == "consume-queued-before-signal":
         async with RowLock(pool, eid) as lock:
-            consume = asyncio.create_task(store.consume_signal(d.lease, KEY, NAME))
+            consume = asyncio.create_task(store.signals.consume_signal(d.lease, KEY, NAME))
             await until_waiting(pool, 1, "row", what="consume", also=consume.done)
             sending = send()
             await until_waiting(pool, 2, "row", what="the sender behind it", also=sending.done)
@@ -181,12 +181,12 @@ async def test_a_signal_and_its_waiting_delivery_in_each_order(store, pool, orde
         await suspend_waiting(store, d)
         first, expected = "suspended", "woke the next delivery"
     elif order == "consume-then-signal-then-ack":
-        assert await store.consume_signal(d.lease, KEY, NAME) is None
+        assert await store.signals.consume_signal(d.lease, KEY, NAME) is None
         assert (await send()) == ("received", None)
         await suspend_waiting(store, d)
         first, expected = "suspended", "woke the next delivery"
     elif order == "ack-holds-row-signal-waits":
-        assert await store.consume_signal(d.lease, KEY, NAME) is None
+        assert await store.signals.consume_signal(d.lease, KEY, NAME) is None
         async with StatementGate(pool, "execution_events", "NEW.kind = 'acknowledged'") as gate:
             ack = asyncio.create_task(suspend_waiting(store, d))
             await gate.until_held(also=ack.done)

@@ -41,7 +41,7 @@ admit = admitting("w", params=lambda execution_id: {"id": execution_id})
 
 
 async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
-    claimed = await store.claim_due(100, LEASE, owner)
+    claimed = await store.leases.claim_due(100, LEASE, owner)
     assert [d.lease.execution_id for d in claimed] == [execution_id]
     return claimed[0]
 
@@ -62,16 +62,16 @@ async def test_a_read_heals_an_expired_lease_before_the_reaper_writes_the_same(
     await admit(store, "order-42")
     if earlier == "suspended":
         d = await claim_one(store, "order-42")
-        await store.acknowledge(d.lease, "suspended")
-        await store.request_wake("order-42")
-    covered = (await store.get("order-42"))["due_at"]
+        await store.leases.acknowledge(d.lease, "suspended")
+        await store.operator.request_wake("order-42")
+    covered = (await store.history.get("order-42"))["due_at"]
     d = await claim_one(store, "order-42", owner="worker-A")
     wake_during = await clock.later(300)
-    await store.request_wake("order-42", wake_during)  # pending, apart from the covered wake
+    await store.operator.request_wake("order-42", wake_during)  # pending, apart from the covered wake
     await clock.expire_lease("order-42", ago=10)
     expired_at = (await clock.raw("order-42"))["lease_expires_at"]
 
-    healed = await store.get("order-42")
+    healed = await store.history.get("order-42")
 
     assert (await clock.raw("order-42"))["status"] == "running"  # nothing written yet
     assert healed["status"] == ("suspended" if earlier == "suspended" else "admitted")
@@ -83,21 +83,21 @@ async def test_a_read_heals_an_expired_lease_before_the_reaper_writes_the_same(
     assert healed["redeliver_after"] == expired_at + timedelta(seconds=1)
     assert healed["token"] == d.lease.token
     # The listing filters on the healed view too.
-    assert [r["execution_id"] for r in (await store.list(status=healed["status"]))[0]] == [
+    assert [r["execution_id"] for r in (await store.history.list(status=healed["status"]))[0]] == [
         "order-42"
     ]
-    assert (await store.list(status="running"))[0] == []
-    assert len((await store.list(min_unacknowledged_deliveries=1))[0]) == 1
+    assert (await store.history.list(status="running"))[0] == []
+    assert len((await store.history.list(min_unacknowledged_deliveries=1))[0]) == 1
 
     result = await LeaseReaper(store).run_once()
 
     assert result.execution_ids == ["order-42"]
     raw = await clock.raw("order-42")
     assert pick(raw) == pick(healed)
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     assert pick(after) == pick(healed)
     assert after["lease_expired"] is False
-    expired_events = [e for e in await store.events("order-42") if e["kind"] == "lease_expired"]
+    expired_events = [e for e in await store.history.events("order-42") if e["kind"] == "lease_expired"]
     assert len(expired_events) == 1 and expired_events[0]["token"] == d.lease.token
 
 
@@ -105,12 +105,12 @@ async def test_a_live_lease_is_not_healed(store, clock):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
     await clock.backdate_lease("order-42", LEASE - 2)  # two seconds left
-    rec = await store.get("order-42")
+    rec = await store.history.get("order-42")
     assert rec["status"] == "running" and rec["lease_expired"] is False
     assert rec["lease_owner"] == "worker-1" and rec["lease_expires_at"] is not None
     assert rec["unacknowledged_deliveries"] == 0
     assert (await LeaseReaper(store).run_once()).expired == 0
-    assert (await store.renew([d.lease], LEASE))[0]
+    assert (await store.leases.renew([d.lease], LEASE))[0]
 
 
 async def test_reaper_run_once_counts_every_expired_lease_across_batches(store, clock):
@@ -138,7 +138,7 @@ async def test_reaper_run_once_counts_every_expired_lease_across_batches(store, 
     await store.pool.execute(
         "UPDATE executions SET redeliver_after = NULL WHERE execution_id LIKE 'expired-%'"
     )
-    again = await store.claim_due(3, LEASE, "worker-2")
+    again = await store.leases.claim_due(3, LEASE, "worker-2")
     for d in again:
         await clock.expire_lease(d.lease.execution_id)
     assert (await LeaseReaper(store, batch=3).run_once()).expired == 3
@@ -164,17 +164,17 @@ async def build_listing_fixture(store: ExecutionStore, clock) -> None:
     await claim_one(store, "alpha-running")
     await admit(store, "alpha-suspended", workflow_id="alpha")
     d = await claim_one(store, "alpha-suspended")
-    await store.acknowledge(d.lease, "suspended")
+    await store.leases.acknowledge(d.lease, "suspended")
     await admit(store, "beta-completed", workflow_id="beta")
     d = await claim_one(store, "beta-completed")
-    await store.acknowledge(d.lease, "completed", result=1)
+    await store.leases.acknowledge(d.lease, "completed", result=1)
     await admit(store, "beta-failed", workflow_id="beta")
     d = await claim_one(store, "beta-failed")
-    await store.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+    await store.leases.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
     await admit(store, "beta-retried", workflow_id="beta")
     for _ in range(2):
         d = await claim_one(store, "beta-retried")
-        await store.release(d.lease)
+        await store.leases.release(d.lease)
         await clock.backdate_redelivery("beta-retried", 3600)
     await store.pool.execute(
         "UPDATE executions SET redeliver_after = now() + interval '1 hour' WHERE execution_id = 'beta-retried'"
@@ -186,7 +186,7 @@ async def build_listing_fixture(store: ExecutionStore, clock) -> None:
 
 
 async def listed(store: ExecutionStore, **filters) -> set[str]:
-    page, cursor = await store.list(limit=100, **filters)
+    page, cursor = await store.history.list(limit=100, **filters)
     assert cursor is None
     return {r["execution_id"] for r in page}
 
@@ -231,7 +231,7 @@ async def test_list_filters_by_status_workflow_and_unacknowledged_deliveries(sto
     assert await listed(
         store, workflow_id="beta", status="admitted", min_unacknowledged_deliveries=2
     ) == {"beta-retried"}
-    rec = {r["execution_id"]: r for r in (await store.list(limit=100))[0]}
+    rec = {r["execution_id"]: r for r in (await store.history.list(limit=100))[0]}
     assert rec["beta-retried"]["unacknowledged_deliveries"] == 2
     assert rec["beta-expired"]["unacknowledged_deliveries"] == 1
 
@@ -241,7 +241,7 @@ async def walk(store: ExecutionStore, limit: int, **filters) -> tuple[list[str],
     pages = 0
     cursor = None
     while True:
-        page, cursor = await store.list(limit=limit, cursor=cursor, **filters)
+        page, cursor = await store.history.list(limit=limit, cursor=cursor, **filters)
         pages += 1
         assert len(page) <= limit
         ids += [r["execution_id"] for r in page]
@@ -280,12 +280,12 @@ async def test_list_keyset_pagination_has_no_duplicates_or_gaps(store, pool, tot
 async def test_list_pagination_is_stable_while_executions_are_admitted(store, pool):
     for i in range(12):
         await admit(store, f"old-{i:02d}")
-    first, cursor = await store.list(limit=4)
+    first, cursor = await store.history.list(limit=4)
     for i in range(5):
         await admit(store, f"new-{i}")  # newer than every listed row
     rest = [r["execution_id"] for r in first]
     while cursor:
-        page, cursor = await store.list(limit=4, cursor=cursor)
+        page, cursor = await store.history.list(limit=4, cursor=cursor)
         rest += [r["execution_id"] for r in page]
     assert sorted(rest) == [f"old-{i:02d}" for i in range(12)]
     assert len(rest) == 12
@@ -313,7 +313,7 @@ def _b64(raw: bytes) -> str:
 async def test_list_with_an_invalid_cursor_raises_value_error(store, cursor):
     await admit(store, "order-42")
     with pytest.raises(ValueError):
-        await store.list(cursor=cursor)
+        await store.history.list(cursor=cursor)
     with pytest.raises(ValueError):
         decode_cursor(cursor)
 
@@ -326,26 +326,26 @@ async def test_list_with_an_invalid_cursor_raises_value_error(store, cursor):
 async def test_events_are_written_with_each_transition(store, clock):
     eid = await admit(store, "order-42")
     d1 = await claim_one(store, eid, owner="w1")
-    await store.write_step(d1.lease, "load", value=1)
-    await store.write_step(d1.lease, "load", value=2)  # idempotent rewrite: no event
-    await store.acknowledge(d1.lease, "suspended")
-    await store.request_wake(eid)
+    await store.steps.write_step(d1.lease, "load", value=1)
+    await store.steps.write_step(d1.lease, "load", value=2)  # idempotent rewrite: no event
+    await store.leases.acknowledge(d1.lease, "suspended")
+    await store.operator.request_wake(eid)
     d2 = await claim_one(store, eid, owner="w2")
-    await store.release(d2.lease)
+    await store.leases.release(d2.lease)
     await clock.backdate_redelivery(eid, 3600)
     d3 = await claim_one(store, eid, owner="w3")
     await clock.expire_lease(eid)
-    await store.reap_expired()
-    await store.renew([d3.lease], LEASE)  # after the reaper: lost
+    await store.leases.reap_expired()
+    await store.leases.renew([d3.lease], LEASE)  # after the reaper: lost
     with pytest.raises(LeaseLost):
-        await store.write_step(d3.lease, "charge", value="late")
+        await store.steps.write_step(d3.lease, "charge", value="late")
     await clock.backdate_redelivery(eid, 3600)
     d4 = await claim_one(store, eid, owner="w4")
     await clock.expire_lease(eid)
     d5 = await claim_one(store, eid, owner="w5")  # takeover: lease_expired + claimed
-    await store.acknowledge(d5.lease, "completed", result="done")
+    await store.leases.acknowledge(d5.lease, "completed", result="done")
 
-    events = await store.events(eid)
+    events = await store.history.events(eid)
     assert [(e["kind"], e["token"]) for e in events] == [
         ("admitted", None),
         ("claimed", 1),
@@ -382,8 +382,8 @@ async def test_events_are_written_with_each_transition(store, clock):
 async def test_events_of_other_executions_are_not_mixed_in(store):
     await admit(store, "a")
     await admit(store, "b")
-    assert [e["kind"] for e in await store.events("a")] == ["admitted"]
-    assert await store.events("missing") == []
+    assert [e["kind"] for e in await store.history.events("a")] == ["admitted"]
+    assert await store.history.events("missing") == []
 
 
 # --------------------------------------------------------------------------- #
@@ -396,19 +396,19 @@ async def test_late_observations_are_appended_and_change_no_state(store, clock):
     a = await claim_one(store, "order-42", owner="worker-A")
     await clock.expire_lease("order-42")
     b = await claim_one(store, "order-42", owner="worker-B")
-    await store.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
+    await store.steps.write_step(b.lease, "charge-card", value={"receipt": "by-B"})
     with pytest.raises(LeaseLost):
-        await store.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
-    record = await store.get("order-42")
-    steps = await store.steps(["order-42"])
-    events = await store.events("order-42")
+        await store.steps.write_step(a.lease, "charge-card", value={"receipt": "by-A"})
+    record = await store.history.get("order-42")
+    steps = await store.history.steps(["order-42"])
+    events = await store.history.events("order-42")
 
-    await store.record_late_observation(a.lease, "charge-card", value={"receipt": "by-A"})
-    await store.record_late_observation(a.lease, None, error={"name": "Timeout", "message": "slow"})
-    await store.record_late_observation(a.lease, "charge-card", value={"bad": float("nan")})
-    await store.record_late_observation(a.lease, "charge-card", value="nul\u0000")
+    await store.steps.record_late_observation(a.lease, "charge-card", value={"receipt": "by-A"})
+    await store.steps.record_late_observation(a.lease, None, error={"name": "Timeout", "message": "slow"})
+    await store.steps.record_late_observation(a.lease, "charge-card", value={"bad": float("nan")})
+    await store.steps.record_late_observation(a.lease, "charge-card", value="nul\u0000")
 
-    observed = await store.late_observations("order-42")
+    observed = await store.history.late_observations("order-42")
     assert [(o["step_key"], o["token"], o["owner"]) for o in observed] == [
         ("charge-card", a.lease.token, "worker-A"),
         (None, a.lease.token, "worker-A"),
@@ -426,17 +426,17 @@ async def test_late_observations_are_appended_and_change_no_state(store, clock):
     # Nothing applied. The first observation differs from B's recorded value:
     # an integrity conflict, counted on the record and told by one event.
     assert [o["conflict"] for o in observed[:2]] == [True, None]
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     assert after["integrity_conflicts"] == 1
     assert {k: v for k, v in after.items() if k not in ("read_at", "integrity_conflicts")} == {
         k: v for k, v in record.items() if k not in ("read_at", "integrity_conflicts")
     }
-    assert await store.steps(["order-42"]) == steps
-    later = await store.events("order-42")
+    assert await store.history.steps(["order-42"]) == steps
+    later = await store.history.events("order-42")
     assert later[:len(events)] == events
     assert [(e["kind"], e["token"], e["detail"]["stepKey"]) for e in later[len(events):]] == [
         ("integrity_conflict", a.lease.token, "charge-card")]
-    assert await store.late_observations("other") == []
+    assert await store.history.late_observations("other") == []
 
 
 # --------------------------------------------------------------------------- #
@@ -455,9 +455,9 @@ UNSTORABLE = [
 @pytest.mark.parametrize("bad", UNSTORABLE)
 async def test_admission_of_an_unstorable_value_writes_no_row_and_no_event(store, pool, bad):
     with pytest.raises(InvalidEvent):
-        await store.admit(workflow_id="w", params={"v": bad}, execution_id="order-42")
+        await store.admissions.admit(workflow_id="w", params={"v": bad}, execution_id="order-42")
     with pytest.raises(InvalidEvent):
-        await store.admit(workflow_id="w", params={}, context={"v": bad}, execution_id="order-43")
+        await store.admissions.admit(workflow_id="w", params={}, context={"v": bad}, execution_id="order-43")
     assert await pool.fetchval("SELECT count(*) FROM executions") == 0
     assert await pool.fetchval("SELECT count(*) FROM execution_events") == 0
 
@@ -467,34 +467,34 @@ async def test_admission_of_an_unstorable_value_writes_no_row_and_no_event(store
 async def test_a_step_with_an_unstorable_value_writes_no_row_and_no_event(store, pool, bad, field):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    events_before = await store.events("order-42")
+    events_before = await store.history.events("order-42")
     payload = (
         {"value": {"v": bad}} if field == "value" else {"error": {"name": "E", "message": bad}}
     )
 
     with pytest.raises(InvalidEvent):
-        await store.write_step(d.lease, "charge-card", **payload)
+        await store.steps.write_step(d.lease, "charge-card", **payload)
 
     assert await pool.fetchval("SELECT count(*) FROM execution_steps") == 0
-    assert await store.events("order-42") == events_before
+    assert await store.history.events("order-42") == events_before
     # The delivery can go on: the lease is untouched.
-    assert (await store.write_step(d.lease, "charge-card", value="ok")).value == "ok"
+    assert (await store.steps.write_step(d.lease, "charge-card", value="ok")).value == "ok"
 
 
 @pytest.mark.parametrize("bad", UNSTORABLE)
 async def test_acknowledging_an_unstorable_result_changes_nothing(store, bad):
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
-    before = await store.get("order-42")
-    events_before = await store.events("order-42")
+    before = await store.history.get("order-42")
+    events_before = await store.history.events("order-42")
 
     with pytest.raises((InvalidEvent, ValueError, asyncpg.DataError)):
-        await store.acknowledge(d.lease, "completed", result={"v": bad})
+        await store.leases.acknowledge(d.lease, "completed", result={"v": bad})
 
-    after = await store.get("order-42")
+    after = await store.history.get("order-42")
     assert pick(after) == pick(before)
-    assert await store.events("order-42") == events_before
-    assert (await store.acknowledge(d.lease, "completed", result="ok")).status == "completed"
+    assert await store.history.events("order-42") == events_before
+    assert (await store.leases.acknowledge(d.lease, "completed", result="ok")).status == "completed"
 
 
 @pytest.mark.parametrize(
@@ -514,7 +514,7 @@ async def test_acknowledging_an_unstorable_outcome_raises_invalid_event(store, o
     await admit(store, "order-42")
     d = await claim_one(store, "order-42")
     with pytest.raises(InvalidEvent):
-        await store.acknowledge(d.lease, status, **kw)
+        await store.leases.acknowledge(d.lease, status, **kw)
 
 
 # --------------------------------------------------------------------------- #
@@ -619,9 +619,9 @@ async def test_claim_due_stays_an_index_scan_on_a_large_table(store, pool, setti
     capture = CapturingPool()
     spy = ExecutionStore.from_settings(capture, settings)
     if method == "claim_due":
-        await spy.claim_due(10, LEASE, "worker-1")
+        await spy.leases.claim_due(10, LEASE, "worker-1")
     else:
-        await spy.reap_expired(500)
+        await spy.leases.reap_expired(500)
     [(sql, args)] = capture.calls  # the full statement the store would run
 
     async with pool.acquire() as conn:
@@ -645,7 +645,7 @@ async def test_claim_due_stays_an_index_scan_on_a_large_table(store, pool, setti
 
     # And the statement does what it should on that table.
     if method == "claim_due":
-        got = await store.claim_due(10, LEASE, "worker-1")
+        got = await store.leases.claim_due(10, LEASE, "worker-1")
         assert sorted(d.lease.execution_id for d in got) == [
             "due-1",
             "due-2",
@@ -654,4 +654,4 @@ async def test_claim_due_stays_an_index_scan_on_a_large_table(store, pool, setti
             "expired-2",
         ]
     else:
-        assert sorted((await store.reap_expired(500)).execution_ids) == ["expired-1", "expired-2"]
+        assert sorted((await store.leases.reap_expired(500)).execution_ids) == ["expired-1", "expired-2"]

@@ -14,7 +14,7 @@ from app.store import Admitted
 async def admit(store: Any, workflow_id: str, execution_id: str | None = None,
                 params: Any = None, **kw: Any) -> str:
     """Admit a new execution through the store and return its id."""
-    answer = await store.admit(workflow_id=workflow_id, params={} if params is None else params,
+    answer = await store.admissions.admit(workflow_id=workflow_id, params={} if params is None else params,
                                execution_id=execution_id, **kw)
     assert isinstance(answer, Admitted), answer
     return answer.execution_id

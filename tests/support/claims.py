@@ -11,7 +11,7 @@ async def claim(store: Any, owner: str = "worker-1", limit: int = 100,
                 lease_seconds: float = 30.0) -> dict[str, Delivery]:
     """The deliveries of one claim_due call, by execution ID; a claim never
     hands out one execution twice."""
-    deliveries = await store.claim_due(limit, lease_seconds, owner)
+    deliveries = await store.leases.claim_due(limit, lease_seconds, owner)
     ids = [d.lease.execution_id for d in deliveries]
     assert len(ids) == len(set(ids)), f"one execution twice in one claim: {ids}"
     return {d.lease.execution_id: d for d in deliveries}

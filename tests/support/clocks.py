@@ -161,7 +161,7 @@ async def steal_lease(pool: asyncpg.Pool, settings, execution_id: str,
         assert n == 1, f"{execution_id} has no live lease to steal"
         # A Connection offers the same fetch/fetchrow/execute as a Pool.
         intruder = ExecutionStore.from_settings(conn, settings)  # type: ignore[arg-type]
-        claimed = await intruder.claim_due(100, duration, owner)
+        claimed = await intruder.leases.claim_due(100, duration, owner)
     mine = [d for d in claimed if d.lease.execution_id == execution_id]
     assert len(mine) == 1, claimed
     return mine[0]

@@ -12,7 +12,7 @@ END_KINDS = ("acknowledged", "released", "lease_expired")
 
 
 async def kinds(store: Any, execution_id: str) -> list[str]:
-    return [e["kind"] for e in await store.events(execution_id)]
+    return [e["kind"] for e in await store.history.events(execution_id)]
 
 
 async def kinds_ignoring_late_renewals(store: Any, execution_id: str) -> list[str]:
@@ -23,7 +23,7 @@ async def kinds_ignoring_late_renewals(store: Any, execution_id: str) -> list[st
     a lease ended by the reaper or a newer claim still gets one."""
     ended: set[int] = set()
     out = []
-    for e in await store.events(execution_id):
+    for e in await store.history.events(execution_id):
         if e["kind"] in END_KINDS:
             ended.add(e["token"])
         if e["kind"] == "renewal_lost" and e["token"] in ended:
@@ -33,7 +33,7 @@ async def kinds_ignoring_late_renewals(store: Any, execution_id: str) -> list[st
 
 
 async def events_of(store: Any, execution_id: str, kind: str) -> list[dict]:
-    return [e for e in await store.events(execution_id) if e["kind"] == kind]
+    return [e for e in await store.history.events(execution_id) if e["kind"] == kind]
 
 
 async def event_count(store: Any) -> int:

@@ -128,7 +128,7 @@ class StatementGate:
 
         async with StatementGate(pool, "execution_events",
                                  "NEW.kind = 'claimed' AND NEW.execution_id = 'x'") as gate:
-            claim = asyncio.create_task(store.claim_due(...))
+            claim = asyncio.create_task(store.leases.claim_due(...))
             await gate.until_held()        # the claim has locked 'x' and waits here
             ...                            # race something against the held claim
             await gate.open()

@@ -81,7 +81,7 @@ async def wait_status(store: Any, execution_id: str, *statuses: str,
     last: dict[str, Any] = {}
 
     async def check() -> dict | None:
-        record = await store.get(execution_id)
+        record = await store.history.get(execution_id)
         last["record"] = record
         return record if record is not None and record["status"] in statuses else None
 
@@ -98,7 +98,7 @@ async def wait_event(store: Any, execution_id: str, kind: str, *, count: int = 1
                      timeout: float = 10.0) -> list[dict]:
     """The execution's events of `kind` once there are at least `count`."""
     async def check() -> list[dict] | None:
-        found = [e for e in await store.events(execution_id) if e["kind"] == kind]
+        found = [e for e in await store.history.events(execution_id) if e["kind"] == kind]
         return found if len(found) >= count else None
 
     return await wait_until(check, timeout=timeout,

@@ -42,7 +42,7 @@ class InProcessWorkers:
 
     def _count_claim_rounds(self, worker: Worker) -> None:
         self.rounds[worker] = 0
-        claim_due = worker.store.claim_due
+        claim_due = worker.store.leases.claim_due
 
         async def counted(*args, **kwargs):
             try:
@@ -50,7 +50,7 @@ class InProcessWorkers:
             finally:
                 self.rounds[worker] += 1
 
-        worker.store.claim_due = counted  # type: ignore[method-assign]
+        worker.store.leases.claim_due = counted  # type: ignore[method-assign]
 
     async def claim_rounds(self, n: int = 2, *, timeout: float = 10.0) -> None:
         """Return once every running worker has finished `n` more claim rounds

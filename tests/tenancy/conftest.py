@@ -92,7 +92,7 @@ def store_settings(tenancy_settings: Settings) -> Settings:
 def make_token(store: ExecutionStore) -> Callable:
     async def _make(role: str, name: str) -> Token:
         token_id, token, digest = new_token()
-        await store.create_token(token_id, name=name, role=role, secret_sha256=digest)
+        await store.tokens.create_token(token_id, name=name, role=role, secret_sha256=digest)
         return Token(token, token_id, name, role)
 
     return _make

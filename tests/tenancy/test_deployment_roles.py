@@ -111,16 +111,16 @@ async def test_runtime_role_runs_fencepost_but_cannot_change_the_schema(
         pool = await create_pool(Settings(database_url=runtime_url))
         await check_schema(pool)
         store = ExecutionStore(pool)
-        await store.admit(workflow_id="wf", params={"n": 1}, execution_id="least-1")
-        (delivery,) = await store.claim_due(1, 30, "worker-1")
-        await store.write_step(delivery.lease, "one", value={"ok": 1})
-        await store.acknowledge(delivery.lease, "completed", result={"done": True})
+        await store.admissions.admit(workflow_id="wf", params={"n": 1}, execution_id="least-1")
+        (delivery,) = await store.leases.claim_due(1, 30, "worker-1")
+        await store.steps.write_step(delivery.lease, "one", value={"ok": 1})
+        await store.leases.acknowledge(delivery.lease, "completed", result={"done": True})
         assert await pool.fetchval(
             "SELECT status FROM executions WHERE execution_id = 'least-1'") == "completed"
-        await store.request_wake("least-1")
-        await store.create_token("t1", name="n", role="trigger", secret_sha256="0" * 64,
+        await store.operator.request_wake("least-1")
+        await store.tokens.create_token("t1", name="n", role="trigger", secret_sha256="0" * 64,
                                  admissions_per_minute=5)
-        assert await store.token_quotas() == {"t1": (5, None)}
+        assert await store.tokens.token_quotas() == {"t1": (5, None)}
 
         # ... and over HTTP: the API starts (schema check) and admits as the runtime role.
         api = await make_api(tenancy_settings.model_copy(

@@ -50,10 +50,10 @@ async def test_a_parent_completes_though_a_tenant_took_its_child_id_first(
     record = await wait_status(store, "sq-1", "completed", "failed", timeout=30)
     assert record["status"] == "completed", record["outcome"]
     assert record["outcome"] == {"result": {"child": "sq-1~kid0", "result": "kid-done"}}
-    child = await store.get("sq-1~kid0")
+    child = await store.history.get("sq-1~kid0")
     assert child["parent_execution_id"] == "sq-1" and child["status"] == "completed"
     # Tenant B's execution is untouched: still its own, not the child.
-    squatter = await store.get("sq-1:kid0")
+    squatter = await store.history.get("sq-1:kid0")
     assert squatter["admitted_by"] == tokens.b.token_id
     assert squatter["parent_execution_id"] is None
     # And the child's own form cannot be squatted: refused before any lookup.
@@ -67,27 +67,27 @@ async def test_a_parent_recorded_under_the_old_child_form_replays_its_recorded_c
         store, pool, workers):
     """A parent whose start_child step recorded `old-1:kid0` (before the `~`
     form) keeps that child on replay: the step's value is the child ID."""
-    await store.admit(workflow_id="g-parent", params={}, execution_id="old-1")
-    [d] = await store.claim_due(1, 30.0, "old-worker")
-    answer, _ = await store.start_child(d.lease, "kid0", workflow_id="g-kid", params={},
+    await store.admissions.admit(workflow_id="g-parent", params={}, execution_id="old-1")
+    [d] = await store.leases.claim_due(1, 30.0, "old-worker")
+    answer, _ = await store.compose.start_child(d.lease, "kid0", workflow_id="g-kid", params={},
                                         child_id="old-1:kid0")
     assert answer == "started"
-    await store.write_step(d.lease, "kid0", value="old-1:kid0", error=None,
+    await store.steps.write_step(d.lease, "kid0", value="old-1:kid0", error=None,
                            function_name="child:g-kid", attempts=1)
-    await store.release(d.lease)
+    await store.leases.release(d.lease)
 
     await workers.start()
     record = await wait_status(store, "old-1", "completed", "failed", timeout=30)
     assert record["status"] == "completed", record["outcome"]
     assert record["outcome"] == {"result": {"child": "old-1:kid0", "result": "kid-done"}}
-    assert await store.get("old-1~kid0") is None
+    assert await store.history.get("old-1~kid0") is None
     assert await pool.fetchval(
         "SELECT count(*) FROM executions WHERE parent_execution_id = 'old-1'") == 1
 
 
 async def test_a_scheduled_run_happens_though_a_tenant_took_its_slot_id_first(
         api, tokens, admit_as, store, pool):
-    created, _ = await store.create_schedule(
+    created, _ = await store.schedules.create_schedule(
         schedule_id="nightly", workflow_id="g-plain", cron="0 * * * *", timezone="UTC",
         params={}, catch_up=2)
     assert created
@@ -111,7 +111,7 @@ async def test_a_scheduled_run_happens_though_a_tenant_took_its_slot_id_first(
     # (A second slot is admitted too if the hour turned meanwhile.)
     assert result.admitted[0] == slot_id and not result.conflicts, result
     assert slot_id == f"nightly~{minute}"
-    fired = await store.get(slot_id)
+    fired = await store.history.get(slot_id)
     assert fired["admitted_by"] is None and fired["status"] == "admitted"
     assert fired["context"]["scheduleId"] == "nightly"
 

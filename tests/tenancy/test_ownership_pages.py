@@ -16,17 +16,17 @@ from tests.support.responses import assert_error
 
 async def execution_with(store, tokens, steps: int, late: int) -> str:
     eid = "paged-1"
-    answer = await store.admit(workflow_id="wf", params={}, execution_id=eid,
+    answer = await store.admissions.admit(workflow_id="wf", params={}, execution_id=eid,
                                admitted_by=tokens.a.token_id)
     assert isinstance(answer, Admitted)
-    [first] = await store.claim_due(1, 30, "worker-1")
+    [first] = await store.leases.claim_due(1, 30, "worker-1")
     await store.pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
                              "WHERE execution_id = $1", eid)
-    [d] = await store.claim_due(1, 30, "worker-2")
+    [d] = await store.leases.claim_due(1, 30, "worker-2")
     for i in range(steps):
-        await store.write_step(d.lease, f"step-{i:03d}", value={"i": i}, function_name="f")
+        await store.steps.write_step(d.lease, f"step-{i:03d}", value={"i": i}, function_name="f")
     for i in range(late):
-        await store.record_late_observation(first.lease, f"late-{i:03d}", value={"i": i})
+        await store.steps.record_late_observation(first.lease, f"late-{i:03d}", value={"i": i})
     return eid
 
 
@@ -129,7 +129,7 @@ class Recording(RetryingPool):
 async def plan_of(pool, settings, **filters) -> dict:
     """EXPLAIN of the statement the store's listing runs for these filters."""
     recording = Recording(pool)
-    await ExecutionStore.from_settings(recording, settings).list(limit=50, **filters)
+    await ExecutionStore.from_settings(recording, settings).history.list(limit=50, **filters)
     [(query, args)] = recording.statements
     async with pool.acquire() as conn:
         [row] = await conn.fetch("EXPLAIN (FORMAT JSON) " + query, *args)

@@ -171,7 +171,7 @@ async def test_an_admission_between_the_statements_of_a_foreign_request_is_not_s
     eid = f"victim-{route}"
 
     async def tenant_a_admits() -> None:
-        await store.admit(workflow_id="wf", params={"secret": "A's"}, execution_id=eid,
+        await store.admissions.admit(workflow_id="wf", params={"secret": "A's"}, execution_id=eid,
                           admitted_by=tokens.a.token_id)
 
     app = api.app

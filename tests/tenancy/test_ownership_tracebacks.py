@@ -13,17 +13,17 @@ ERROR = {"name": "ValueError", "message": "card declined", "traceback": "step-le
 
 async def failed_execution(store, tokens) -> str:
     eid = "tb-1"
-    answer = await store.admit(workflow_id="wf", params={}, execution_id=eid,
+    answer = await store.admissions.admit(workflow_id="wf", params={}, execution_id=eid,
                                admitted_by=tokens.a.token_id)
     assert isinstance(answer, Admitted)
-    [first] = await store.claim_due(1, 30, "worker-1")
+    [first] = await store.leases.claim_due(1, 30, "worker-1")
     # A second holder takes over; the first one's late failure is kept as evidence.
     await store.pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
                              "WHERE execution_id = $1", eid)
-    [d] = await store.claim_due(1, 30, "worker-2")
-    await store.write_step(d.lease, "charge", error=ERROR, function_name="charge")
-    await store.record_late_observation(first.lease, "charge", error=ERROR)
-    await store.acknowledge(d.lease, "failed", error=ERROR, traceback=TRACEBACK)
+    [d] = await store.leases.claim_due(1, 30, "worker-2")
+    await store.steps.write_step(d.lease, "charge", error=ERROR, function_name="charge")
+    await store.steps.record_late_observation(first.lease, "charge", error=ERROR)
+    await store.leases.acknowledge(d.lease, "failed", error=ERROR, traceback=TRACEBACK)
     return eid
 
 

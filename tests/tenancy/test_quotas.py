@@ -36,7 +36,7 @@ async def _admit(api, token, eid: str):
 
 async def test_admissions_over_the_quota_are_429_with_retry_after_and_store_nothing(
         api, tokens, store, pool) -> None:
-    await store.set_token_quotas(tokens.a.token_id, admissions_per_minute=3)
+    await store.tokens.set_token_quotas(tokens.a.token_id, admissions_per_minute=3)
     for i in range(3):
         assert (await _admit(api, tokens.a, f"qa-{i}")).status_code == 201
     r = await _admit(api, tokens.a, "qa-over")
@@ -57,7 +57,7 @@ async def test_signals_over_the_quota_are_429_and_store_nothing(api, tokens, sto
                                                                 admit_as) -> None:
     # Set before the API's first request: it reads the quotas then (later changes
     # apply within FENCEPOST_QUOTA_REFRESH_SECONDS, tested below).
-    await store.set_token_quotas(tokens.a.token_id, signals_per_minute=2)
+    await store.tokens.set_token_quotas(tokens.a.token_id, signals_per_minute=2)
     eid = await admit_as(api, tokens.a, "sig-quota")
     for i in range(2):
         r = await api.post(f"/v1/executions/{eid}/signals/ping", json={"n": i},
@@ -107,7 +107,7 @@ async def test_a_shared_token_under_a_quota_takes_no_lock_on_its_row(
     sharing that token admit under a quota far above the load. Every admission
     must go through while the lock is held, and the limiter must have read the
     quotas once, not once per request."""
-    await store.set_token_quotas(tokens.a.token_id, admissions_per_minute=1_000_000)
+    await store.tokens.set_token_quotas(tokens.a.token_id, admissions_per_minute=1_000_000)
     api = await make_api(tenancy_settings.model_copy(update={"statement_timeout_seconds": 3}))
     assert (await _admit(api, tokens.a, "warm")).status_code == 201  # verifier cache, quotas read
     async with pool.acquire() as holder:

@@ -77,7 +77,7 @@ async def test_a_client_execution_named_schedule_colon_id_sees_only_its_own_even
     r = await api.post("/v1/schedules", json=SCHEDULE, headers=ops)
     assert r.status_code == 201, r.text
     assert (await api.post("/v1/schedules/nightly/pause", headers=ops)).status_code == 200
-    await store.request_wake("schedule:nightly")
+    await store.operator.request_wake("schedule:nightly")
 
     for token in (tokens.a, tokens.operate):
         r = await api.get("/v1/executions/schedule:nightly/events", headers=token.headers)
@@ -87,7 +87,7 @@ async def test_a_client_execution_named_schedule_colon_id_sees_only_its_own_even
     assert [e["kind"] for e in r.json()["events"]] == ["schedule_created", "schedule_paused"]
 
     # Deleting the schedule (and pruning its events) leaves the execution's history alone.
-    await store.prune_schedule_events(["sched-test-plain"], 0)
+    await store.schedules.prune_schedule_events(["sched-test-plain"], 0)
     assert (await api.delete("/v1/schedules/nightly", headers=ops)).status_code == 204
     assert await pool.fetchval("SELECT count(*) FROM schedule_events") == 0
     r = await api.get("/v1/executions/schedule:nightly/events", headers=tokens.a.headers)
@@ -97,13 +97,13 @@ async def test_a_client_execution_named_schedule_colon_id_sees_only_its_own_even
 async def test_code_schedules_dropped_take_their_events_from_schedule_events_only(
         store, pool, admit_as, api, tokens):
     await admit_as(api, tokens.a, "schedule:sched-test-plain")
-    created, _ = await store.create_schedule(
+    created, _ = await store.schedules.create_schedule(
         schedule_id="sched-test-plain", workflow_id="sched-test-plain", cron="0 * * * *",
         timezone="UTC", params={})
     assert created
     await pool.execute("UPDATE schedules SET source = 'code' "
                        "WHERE schedule_id = 'sched-test-plain'")
-    assert await store.drop_code_schedules(["sched-test-plain"]) == ["sched-test-plain"]
+    assert await store.schedules.drop_code_schedules(["sched-test-plain"]) == ["sched-test-plain"]
     assert await pool.fetchval("SELECT count(*) FROM schedule_events") == 0
     assert await pool.fetchval("SELECT count(*) FROM execution_events "
                                "WHERE execution_id = 'schedule:sched-test-plain'") == 1

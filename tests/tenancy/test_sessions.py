@@ -116,7 +116,7 @@ async def test_revoking_the_token_ends_its_sessions_at_once(api, tokens, store):
     cookie = session_cookie(await login(api, tokens.operate.token)).value
     other = session_cookie(await login(api, tokens.read.token)).value
     assert (await api.get("/ui", headers=with_cookie(cookie))).status_code == 200
-    assert await store.revoke_token(tokens.operate.token_id) == 1
+    assert await store.tokens.revoke_token(tokens.operate.token_id) == 1
     # Not after a cache expires: the next page.
     r = await api.get("/ui", headers=with_cookie(cookie))
     assert r.status_code == 303

@@ -225,8 +225,8 @@ async def test_signals_past_the_pending_bound_are_refused_and_nothing_is_stored(
     assert len(await received_events(pool, "full-1")) == 3
 
     # One consumed: room for one more.
-    [d] = await store.claim_due(1, 30.0, "g-worker")
-    assert await store.consume_signal(d.lease, "k", "s") is not None
+    [d] = await store.leases.claim_due(1, 30.0, "g-worker")
+    assert await store.signals.consume_signal(d.lease, "k", "s") is not None
     r = await api.post("/v1/executions/full-1/signals/s", json=4, headers=headers(tokens.a))
     assert r.status_code == 202, r.text
     r = await api.post("/v1/executions/full-1/signals/s", json=5, headers=headers(tokens.a))
@@ -284,10 +284,10 @@ async def test_the_refund_example_itself_refuses_an_approval_not_sent_by_an_oper
     fast = tenancy_settings.model_copy(update={"poll_seconds": 0.2})
     running = InProcessWorkers(fast, EXAMPLES)
     try:
-        await store.admit(workflow_id="approve-refund", execution_id="refund-8",
+        await store.admissions.admit(workflow_id="approve-refund", execution_id="refund-8",
                           params={"order_id": 8, "amount_cents": 100})
         sender = SignalSender(tokens.a.token_id, "tenant-a", "trigger")
-        assert await store.send_signal("refund-8", "approval", {"approved": True},
+        assert await store.signals.send_signal("refund-8", "approval", {"approved": True},
                                        sender=sender) == ("received", None)
         await running.start()
         record = await wait_status(store, "refund-8", "completed", "failed", timeout=30)

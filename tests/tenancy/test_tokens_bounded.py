@@ -33,16 +33,16 @@ def junk(n: int) -> str:
 @pytest.fixture
 def counted_lookups(monkeypatch):
     """Count the verifier's database lookups (store.find_token) on every store."""
-    from app.store import ExecutionStore
+    from app.store.tokens import Tokens
 
     calls: list[str] = []
-    original = ExecutionStore.find_token
+    original = Tokens.find_token
 
     async def find_token(self, token_id: str):
         calls.append(token_id)
         return await original(self, token_id)
 
-    monkeypatch.setattr(ExecutionStore, "find_token", find_token)
+    monkeypatch.setattr(Tokens, "find_token", find_token)
     return calls
 
 

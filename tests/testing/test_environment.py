@@ -148,7 +148,7 @@ async def test_params_are_validated_like_the_api(database_url):
 
 async def test_skip_leaves_other_executions_alone(database_url, pool, settings):
     store = ExecutionStore.from_settings(pool, settings)
-    await store.admit(workflow_id="elsewhere", params={}, execution_id="not-mine")
+    await store.admissions.admit(workflow_id="elsewhere", params={}, execution_id="not-mine")
     before = await pool.fetchval("SELECT due_at FROM executions WHERE execution_id = 'not-mine'")
     async with WorkflowEnvironment(database_url, workflows=[refunds]) as env:
         eid = await env.start("approve-refund", {"order_id": 12, "amount_cents": 1})

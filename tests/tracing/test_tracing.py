@@ -126,7 +126,7 @@ async def test_the_trace_continues_across_a_redelivery_after_a_sigkill(harness) 
     h = harness
     console = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "fencepost-test"}
     a = await h.start_worker("A", settings=console)
-    await h.store.admit(workflow_id="acc-steps", execution_id="traced-3",
+    await h.store.admissions.admit(workflow_id="acc-steps", execution_id="traced-3",
                         params=steps_spec("one", "two", "three", two={"block_first": 60}),
                         traceparent=f"00-{TRACE}-{CALLER}-01")
     await h.wait_for(lambda: h.started("traced-3", "two", pid=a.pid), timeout=10,

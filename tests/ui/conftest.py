@@ -100,7 +100,7 @@ class UI:
 
     async def token(self, role: str, name: str) -> str:
         token_id, token, digest = new_token()
-        await self.store.create_token(token_id, name=name, role=role, secret_sha256=digest)
+        await self.store.tokens.create_token(token_id, name=name, role=role, secret_sha256=digest)
         return token
 
 

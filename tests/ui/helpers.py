@@ -12,7 +12,7 @@ from app.store import Admitted, ExecutionStore
 
 async def admit(store: ExecutionStore, workflow_id: str, params: Any = None, *,
                 execution_id: str | None = None) -> str:
-    result = await store.admit(workflow_id=workflow_id, params=params if params is not None else {},
+    result = await store.admissions.admit(workflow_id=workflow_id, params=params if params is not None else {},
                                execution_id=execution_id)
     assert isinstance(result, Admitted), result
     return result.execution_id
@@ -23,7 +23,7 @@ async def wait_record(store: ExecutionStore, execution_id: str, check, *, timeou
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        record = await store.get(execution_id)
+        record = await store.history.get(execution_id)
         if record is not None and check(record):
             return record
         if loop.time() > deadline:

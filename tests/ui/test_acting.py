@@ -44,7 +44,7 @@ async def test_redrive_a_failed_execution_from_its_page(open_ui):
     options = await confirm.locator("select[name=fromStep] option").all_inner_texts()
     assert [o.split()[0] for o in options[1:]] == ["reserve", "ship"], options
     await ui.shot(page, "confirm-redrive")
-    assert (await ui.store.get(eid))["status"] == "failed"
+    assert (await ui.store.history.get(eid))["status"] == "failed"
 
     flows.FIXED.add(eid)  # the warehouse is back
     await confirm.locator("input[name=reason]").fill("warehouse back")
@@ -65,7 +65,7 @@ async def test_redrive_a_failed_execution_from_its_page(open_ui):
     await ui.shot(page, "execution-completed-after-redrive")
     assert flows.CALLS.count((eid, "reserve")) == 1  # replayed, never run again
     assert flows.CALLS.count((eid, "ship")) == 2
-    redriven = [e for e in await ui.store.events(eid) if e["kind"] == "redriven"]
+    redriven = [e for e in await ui.store.history.events(eid) if e["kind"] == "redriven"]
     assert redriven[0]["detail"]["by"] == "anonymous"
     assert redriven[0]["detail"]["reason"] == "warehouse back"
     assert redriven[0]["detail"]["superseded"] == ["ship"]
@@ -115,7 +115,7 @@ async def test_fork_from_a_step_then_bad_params_are_a_clear_error(open_ui):
     await expect(page.locator(".problem")).to_contain_text("INVALID_PARAMS")
     await expect(page.locator(".problem")).to_contain_text("params")
     await ui.shot(page, "confirm-fork-bad-params")
-    assert await ui.store.get("fork-copy") is None
+    assert await ui.store.history.get("fork-copy") is None
 
     await confirm.locator("select[name=fromStep]").select_option("ship")
     await confirm.locator("textarea[name=params]").fill('{"note": "second"}')
@@ -152,11 +152,11 @@ async def test_terminate_runs_no_code(open_ui):
     await expect(confirm).to_contain_text("no code runs")
     await expect(confirm).to_contain_text("cleanup itself is stuck")
     await ui.shot(page, "confirm-terminate")
-    assert (await ui.store.get(eid))["status"] == "suspended"
+    assert (await ui.store.history.get(eid))["status"] == "suspended"
     await page.locator("#confirm-terminate").click()
     await expect(page.locator("#notice")).to_contain_text("Terminated")
     await expect(page.locator("#status")).to_have_text("cancelled")
-    record = await ui.store.get(eid)
+    record = await ui.store.history.get(eid)
     assert record["status"] == "cancelled"
     assert record["outcome"]["error"]["message"] == "terminated at the request of anonymous"
 
@@ -186,7 +186,7 @@ async def test_refusals_are_pages(open_ui):
     assert answer.status == 404 and "STEP_NOT_FOUND" in await answer.text()
     answer = await page.request.post(f"/ui/executions/{eid}/redrive", form={"csrf": "forged"})
     assert answer.status == 403 and "CSRF_TOKEN_MISMATCH" in await answer.text()
-    assert (await ui.store.get(eid))["status"] == "suspended"
+    assert (await ui.store.history.get(eid))["status"] == "suspended"
 
 
 async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
@@ -213,7 +213,7 @@ async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
     await ui.shot(page, "operations-dry-run")
     # A count acts on nothing.
     for eid in naps:
-        assert (await ui.store.get(eid))["status"] == "suspended"
+        assert (await ui.store.history.get(eid))["status"] == "suspended"
 
     await page.locator("#start").click()
     await expect(page).to_have_url(re.compile(r"/ui/operations/op-[0-9a-f]{16}$"))
@@ -227,7 +227,7 @@ async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
     for eid in naps:
         record = await wait_status(ui.store, eid, "cancelled")
         assert record["cancel_requested_by"].startswith("anonymous (operation op-")
-    assert (await ui.store.get(other))["status"] == "completed"
+    assert (await ui.store.history.get(other))["status"] == "completed"
 
 
 async def test_bulk_redrive_shows_failures_then_a_stop(open_ui):
@@ -248,7 +248,7 @@ async def test_bulk_redrive_shows_failures_then_a_stop(open_ui):
     await expect(page.locator("meta[http-equiv=refresh]")).to_have_count(1)
     # Carried out: none of them had ended, so each is a failure with its code.
     # The page was not reloaded by the test: it refreshes itself while running.
-    assert await ui.store.run_operation_batch() == 3
+    assert await ui.store.operations.run_operation_batch() == 3
     await expect(page.locator("#op-status")).to_have_text("completed", timeout=10_000)
     await expect(page.locator("#op-failed")).to_have_text("3")
     failures = page.locator("table.failures tbody tr")
@@ -271,9 +271,9 @@ async def test_bulk_redrive_shows_failures_then_a_stop(open_ui):
     await expect(page.locator("#op-status")).to_have_text("cancelled")
     await expect(page.locator("#op-pending")).to_have_text("3")
     await ui.shot(page, "operation-stopped")
-    assert await ui.store.run_operation_batch() == 0  # nothing of it is carried out
+    assert await ui.store.operations.run_operation_batch() == 0  # nothing of it is carried out
     for i in range(3):
-        assert (await ui.store.get(f"wait-{i}"))["status"] == "admitted"
+        assert (await ui.store.history.get(f"wait-{i}"))["status"] == "admitted"
     # Stopping it again is refused with a page.
     answer = await page.request.post(page.url.split("?")[0] + "/cancel", form={"csrf": csrf})
     assert answer.status == 409 and "OPERATION_FINISHED" in await answer.text()

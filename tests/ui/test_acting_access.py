@@ -46,7 +46,7 @@ async def test_read_role_sees_the_actions_disabled_and_operate_acts(open_ui):
     await page2.locator("#confirm-redrive").click()
     await expect(page2.locator("#notice")).to_contain_text("ship")
     await wait_status(ui.store, eid, "completed")
-    redriven = [e for e in await ui.store.events(eid) if e["kind"] == "redriven"]
+    redriven = [e for e in await ui.store.history.events(eid) if e["kind"] == "redriven"]
     assert redriven[0]["detail"]["by"] == "ops-omar"
     # With authentication on, the nav shows the operations page to an operator.
     await page2.locator("nav a", has_text="Operations").click()
@@ -117,5 +117,5 @@ async def test_no_request_to_the_new_pages_is_a_500(open_ui, auth):
                                          headers={"origin": "http://evil.example"})
             assert response.status_code == 403, path
     # Nothing odd acted on it, and no operation was created.
-    assert (await ui.store.get("ok-1"))["status"] == "admitted"
+    assert (await ui.store.history.get("ok-1"))["status"] == "admitted"
     assert await ui.store.pool.fetchval("SELECT count(*) FROM operations") == 0

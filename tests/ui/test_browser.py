@@ -129,7 +129,7 @@ async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
     await expect(confirm).to_contain_text('"chargeId": "ch_4200"')
     await expect(confirm).to_contain_text("the function is not called again")
     await ui.shot(page, "confirm-resolve")
-    assert (await ui.store.get(eid))["status"] == "parked"
+    assert (await ui.store.history.get(eid))["status"] == "parked"
 
     await page.locator("#confirm-resolve").click()
     await expect(page).to_have_url(re.compile(f"/ui/executions/{eid}\\?done=resolved$"))
@@ -139,7 +139,7 @@ async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
     await expect(page.locator("#outcome")).to_contain_text("rcpt-ch_4200")
     await expect(page.locator("ol.timeline")).to_contain_text("step resolved by an operator")
     await ui.shot(page, "execution-completed-after-resolve")
-    resolved = [e for e in await ui.store.events(eid) if e["kind"] == "resolved"]
+    resolved = [e for e in await ui.store.history.events(eid) if e["kind"] == "resolved"]
     assert resolved[0]["detail"] == {"stepKey": "charge", "action": "succeed", "by": "anonymous",
                                      "result": {"chargeId": "ch_4200"}}
 
@@ -156,7 +156,7 @@ async def test_review_refuses_a_result_that_is_not_json(open_ui):
     await form.get_by_role("button", name="Review…").click()
     await expect(page.locator(".problem")).to_contain_text("INVALID_RESOLUTION")
     await expect(page.locator("#confirm-resolve")).to_have_count(0)
-    assert (await ui.store.get(eid))["status"] == "parked"
+    assert (await ui.store.history.get(eid))["status"] == "parked"
 
 
 async def test_cancel_a_sleeping_execution(open_ui):
@@ -187,7 +187,7 @@ async def test_cancel_a_sleeping_execution(open_ui):
     await expect(page.locator("#cancel")).to_have_count(0)
     await expect(page.locator("#redrive")).to_be_visible()
     await ui.shot(page, "execution-cancelled")
-    record = await ui.store.get(eid)
+    record = await ui.store.history.get(eid)
     assert record["status"] == "cancelled" and record["cancel_requested_by"] == "anonymous"
 
 
@@ -196,7 +196,7 @@ async def test_wake_now_asks_for_a_delivery(open_ui):
     eid = await admit(ui.store, "ui-sleep", {})
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
                       what="asleep")
-    claims = [e for e in await ui.store.events(eid) if e["kind"] == "claimed"]
+    claims = [e for e in await ui.store.history.events(eid) if e["kind"] == "claimed"]
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await page.locator("#wake").click()
@@ -204,7 +204,7 @@ async def test_wake_now_asks_for_a_delivery(open_ui):
     await expect(page.locator("ol.timeline")).to_contain_text("wake requested")
 
     async def delivered_again() -> bool:
-        events = await ui.store.events(eid)
+        events = await ui.store.history.events(eid)
         return len([e for e in events if e["kind"] == "claimed"]) > len(claims)
 
     # A delivery ran the code again; its durable timer still holds it asleep.
@@ -311,7 +311,7 @@ async def test_roles_with_authentication_on(open_ui):
     response = await page.goto(f"/ui/executions/{eid}/cancel")
     assert response.status == 403
     await ui.shot(page, "forbidden-for-read")
-    assert (await ui.store.get(eid))["status"] == "suspended"
+    assert (await ui.store.history.get(eid))["status"] == "suspended"
 
     # An operate token acts, recorded under its name.
     page2 = await ui.page()
@@ -328,7 +328,7 @@ async def test_roles_with_authentication_on(open_ui):
     answer = await page2.request.post(f"/ui/executions/{eid}/cancel", form={"csrf": csrf},
                                       headers={"Origin": "http://evil.example"})
     assert answer.status == 403 and "CROSS_SITE_REQUEST" in await answer.text()
-    assert (await ui.store.get(eid))["status"] == "suspended"
+    assert (await ui.store.history.get(eid))["status"] == "suspended"
 
     await page2.locator("#cancel").click()
     await page2.locator("#confirm-cancel").click()
@@ -337,7 +337,7 @@ async def test_roles_with_authentication_on(open_ui):
     await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled")
     await page2.reload()
     await expect(page2.locator("#status")).to_have_text("cancelled")
-    record = await ui.store.get(eid)
+    record = await ui.store.history.get(eid)
     assert record["cancel_requested_by"] == "ops-omar"
     await ui.shot(page2, "execution-cancelled-by-operator")
 

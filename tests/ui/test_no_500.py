@@ -84,7 +84,7 @@ async def test_no_request_to_ui_is_a_500(open_ui, auth):
         if auth == "enabled":
             page = (await client.get("/ui/login?next=https://evil.example/")).text
             assert 'value="/ui"' in page
-    assert (await ui.store.get("ok-1"))["status"] == "admitted"
+    assert (await ui.store.history.get("ok-1"))["status"] == "admitted"
 
 
 async def test_a_stale_or_unknown_cookie_goes_to_the_login_page(open_ui):

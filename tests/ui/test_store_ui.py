@@ -20,12 +20,12 @@ def store(pool: asyncpg.Pool, settings: Settings) -> ExecutionStore:
 
 
 async def _admit(store: ExecutionStore, eid: str, workflow_id: str) -> str:
-    await store.admit(workflow_id=workflow_id, params={}, execution_id=eid)
+    await store.admissions.admit(workflow_id=workflow_id, params={}, execution_id=eid)
     return eid
 
 
 async def _claim(store: ExecutionStore, workflow_id: str):
-    [delivery] = await store.claim_due(1, 30, "worker-x", [workflow_id])
+    [delivery] = await store.leases.claim_due(1, 30, "worker-x", [workflow_id])
     return delivery.lease
 
 
@@ -49,14 +49,14 @@ async def _every_state(store: ExecutionStore) -> dict[str, str]:
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = 'expired-1'")
     await _admit(store, "delay-1", "w-delay")
-    await store.request_wake("delay-1")
-    await store.release(await _claim(store, "w-delay"))
-    await store.request_wake("delay-1")
+    await store.operator.request_wake("delay-1")
+    await store.leases.release(await _claim(store, "w-delay"))
+    await store.operator.request_wake("delay-1")
     await _admit(store, "parked-1", "w-parked")
     await pool.execute("UPDATE executions SET status = 'parked', parked_reason = 'poison', "
                        "due_at = NULL WHERE execution_id = 'parked-1'")
     await _admit(store, "done-1", "w-done")
-    await store.acknowledge(await _claim(store, "w-done"), "completed", result={"ok": True})
+    await store.leases.acknowledge(await _claim(store, "w-done"), "completed", result={"ok": True})
     return {
         "due-1": "due", "noworker-1": "no-worker", "sleep-1": "sleeping",
         "signal-1": "waiting-for-signal", "leased-1": "leased", "expired-1": "lease-expired",
@@ -70,14 +70,14 @@ LIVE = {"w-live", "w-live-sleep", "w-live-signal", "w-leased", "w-expired", "w-d
 
 async def test_blocked_reason_in_sql_agrees_with_app_blocked(store):
     expected = await _every_state(store)
-    rows, total = await store.ui_list(live_workflows=LIVE, limit=100)
+    rows, total = await store.dashboard.ui_list(live_workflows=LIVE, limit=100)
     assert total == len(expected)
     for row in rows:
         python = blocked_by(row, LIVE)
         assert row["blocked_reason"] == (python["reason"] if python else "none"), row
         assert row["blocked_reason"] == expected[row["execution_id"]]
     for eid, reason in expected.items():
-        found, n = await store.ui_list(live_workflows=LIVE, blocked_by=reason)
+        found, n = await store.dashboard.ui_list(live_workflows=LIVE, blocked_by=reason)
         assert [r["execution_id"] for r in found] == [eid] and n == 1, reason
 
 
@@ -88,30 +88,30 @@ async def test_filters_sorts_counts_and_pages(store):
             "UPDATE executions SET unacknowledged_deliveries = $2, "
             "admitted_at = now() - make_interval(mins => $3) WHERE execution_id = $1",
             f"e-{i}", i, 70 - i)
-    rows, total = await store.ui_list(live_workflows=set(), min_unacknowledged_deliveries=4,
+    rows, total = await store.dashboard.ui_list(live_workflows=set(), min_unacknowledged_deliveries=4,
                                       sort="unacked-desc")
     assert [r["execution_id"] for r in rows] == ["e-6", "e-5", "e-4"] and total == 3
-    rows, total = await store.ui_list(live_workflows=set(), workflow_id="w-a",
+    rows, total = await store.dashboard.ui_list(live_workflows=set(), workflow_id="w-a",
                                       sort="admitted-asc")
     assert [r["execution_id"] for r in rows] == ["e-1", "e-3", "e-5"]
-    now = await store.db_now()
-    rows, total = await store.ui_list(live_workflows=set(),
+    now = await store.clock.db_now()
+    rows, total = await store.dashboard.ui_list(live_workflows=set(),
                                       admitted_from=now - timedelta(minutes=68.5),
                                       admitted_to=now - timedelta(minutes=65.5))
     assert [r["execution_id"] for r in rows] == ["e-4", "e-3", "e-2"]
-    page2, total = await store.ui_list(live_workflows=set(), limit=3, offset=3)
+    page2, total = await store.dashboard.ui_list(live_workflows=set(), limit=3, offset=3)
     assert [r["execution_id"] for r in page2] == ["e-3", "e-2", "e-1"] and total == 7
-    assert await store.status_counts() == {"admitted": 7}
-    assert await store.workflow_ids_seen() == ["w-a", "w-b"]
+    assert await store.dashboard.status_counts() == {"admitted": 7}
+    assert await store.dashboard.workflow_ids_seen() == ["w-a", "w-b"]
 
 
 async def test_status_counts_are_healed(store):
     await _admit(store, "x-1", "w")
     await _claim(store, "w")
-    assert await store.status_counts() == {"running": 1}
+    assert await store.dashboard.status_counts() == {"running": 1}
     await store.pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 s'")
-    assert await store.status_counts() == {"admitted": 1}
-    assert await store.leases_by_owner() == {}
+    assert await store.dashboard.status_counts() == {"admitted": 1}
+    assert await store.dashboard.leases_by_owner() == {}
 
 
 async def test_activity_per_minute(store):
@@ -135,7 +135,7 @@ async def test_activity_per_minute(store):
         UNION ALL SELECT 'x', 'lease_expired', '{}', date_trunc('minute', now()) - interval '30 minutes'
         UNION ALL SELECT 'x', 'released', '{}', now() - interval '61 minutes'
         """)
-    now, rows = await store.activity_per_minute(60)
+    now, rows = await store.dashboard.activity_per_minute(60)
     assert len(rows) == 60
     assert rows[-1]["completed"] == 3
     assert rows[-11]["failed"] == 2
@@ -145,7 +145,7 @@ async def test_activity_per_minute(store):
     # The bisection bound skips the old history but nothing of the last hour.
     async with pool.acquire() as conn:
         since = rows[0]["minute"]
-        first = await store._first_event_id_at(conn, since)
+        first = await store.dashboard._first_event_id_at(conn, since)
         oldest_recent = await conn.fetchval(
             "SELECT min(event_id) FROM execution_events WHERE at >= $1", since)
         old_last = await conn.fetchval(
@@ -154,6 +154,6 @@ async def test_activity_per_minute(store):
 
 
 async def test_activity_with_no_events(store):
-    _, rows = await store.activity_per_minute(60)
+    _, rows = await store.dashboard.activity_per_minute(60)
     assert len(rows) == 60 and not any(r["completed"] or r["failed"] or r["unacknowledged"]
                                        for r in rows)

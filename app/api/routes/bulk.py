@@ -142,7 +142,7 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
             raise ApiError(422, "INVALID_REQUEST", "admittedFrom / admittedTo: give a time "
                            "zone offset (for example 2026-01-01T00:00:00Z)")
     if req.dry_run:
-        matched, sample = await store.preview_operation(spec)
+        matched, sample = await store.operations.preview_operation(spec)
         return JSONResponse({"dryRun": True, "matched": matched, "sample": sample})
     options: dict[str, Any] = {}
     if req.action == "redrive":
@@ -166,7 +166,7 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
                        503: ERRORS[503]})
 async def get(operation_id: str, store: StoreDep, principal: Operator):
     check_operation_id(operation_id)
-    record = await store.get_operation(operation_id)
+    record = await store.operations.get_operation(operation_id)
     if record is None:
         raise operation_not_found(operation_id)
     return _view(record)

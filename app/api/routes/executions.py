@@ -106,7 +106,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         timeout_seconds = definition.timeout_seconds
     if req.deadline is not None:
         # Judged by the database clock right before admitting (see deadline_passed).
-        passed, now = await store.deadline_passed(req.deadline)
+        passed, now = await store.clock.deadline_passed(req.deadline)
         if passed:
             raise ApiError(
                 422, "DEADLINE_IN_THE_PAST",
@@ -119,7 +119,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         with tracing.span("fencepost admit", parent=incoming,
                           attributes={"fencepost.workflow_id": req.workflow_id,
                                       "fencepost.execution_id": req.execution_id}):
-            result = await store.admit(
+            result = await store.admissions.admit(
                 workflow_id=req.workflow_id,
                 params=req.params,
                 context=req.context,
@@ -156,7 +156,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                 executionId=result.execution_id, status="retired",
             )
         if principal.owns_only():
-            _, owner = await store.admitted_by(result.execution_id)
+            _, owner = await store.history.admitted_by(result.execution_id)
             if owner != principal.token_id:
                 # Another's execution: say only that the ID is taken.
                 raise ApiError(
@@ -181,7 +181,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
 async def _existing_record(store, settings, principal, existing: Existing) -> dict | None:
     """The record ifExists=return answers with; None when the principal may
     not see it (a trigger-only token's view of another's execution)."""
-    row = await store.get(existing.execution_id, owner=owner_of(principal))
+    row = await store.history.get(existing.execution_id, owner=owner_of(principal))
     if row is None:
         return None
     return _view(principal, row, await live_workflows(store, settings, [row]))
@@ -257,9 +257,9 @@ async def list_executions(
             ) from None
     # With blockedBy, the live workflows are read first: the filter and each
     # item's blockedBy then answer from the same set (due vs no-worker).
-    live = (await store.live_workflow_ids(3 * settings.renew_seconds + 1)
+    live = (await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)
             if blocked_by is not None else None)
-    rows, next_cursor = await store.list(
+    rows, next_cursor = await store.history.list(
         blocked_by=blocked_by.value if blocked_by is not None else None, live_workflows=live,
         status=status,
         workflow_id=workflow_id,
@@ -301,7 +301,7 @@ async def get_execution(
 
     async def read() -> dict:
         # One statement reads the record under the owner predicate: foreign = missing.
-        row = await store.get(execution_id, owner=owner_of(principal))
+        row = await store.history.get(execution_id, owner=owner_of(principal))
         if row is None:
             raise not_found(execution_id)
         return row
@@ -310,7 +310,7 @@ async def get_execution(
         # Registered before the read: an end after it wakes this waiter.
         with request.app.state.waiters.watch(execution_id) as ended:
             # Before the read: an end committed after the read is announced.
-            await store.watch_execution(execution_id)
+            await store.history.watch_execution(execution_id)
             row = await read()
             if row["status"] not in TERMINAL_STATUSES:
                 if not await wait_or_gone(ended, wait_seconds, request.receive):

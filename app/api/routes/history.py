@@ -76,7 +76,7 @@ async def events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    rows = _found(execution_id, await store.execution_events_page(
+    rows = _found(execution_id, await store.history.execution_events_page(
         execution_id, after=after, limit=limit, owner=owner_of(principal)))
     page = [
         {"eventId": r["event_id"], "at": r["at"], "kind": r["kind"], "token": r["token"],
@@ -127,7 +127,7 @@ async def steps(
 ):
     _check_path_id(execution_id)
     after = _decode_step_cursor(cursor) if cursor is not None else None
-    rows = _found(execution_id, await store.execution_steps_page(
+    rows = _found(execution_id, await store.history.execution_steps_page(
         execution_id, include_values=include_values, limit=limit + 1, after=after,
         owner=owner_of(principal)))
     out = []
@@ -164,7 +164,7 @@ async def late_observations(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ):
     _check_path_id(execution_id)
-    rows = _found(execution_id, await store.execution_late_observations_page(
+    rows = _found(execution_id, await store.history.execution_late_observations_page(
         execution_id, after=after, limit=limit, owner=owner_of(principal)))
     page = [
         {"observationId": r["observation_id"], "stepKey": r["step_key"], "token": r["token"],
@@ -181,5 +181,5 @@ async def late_observations(
             responses={**FORBIDDEN, **UNKNOWN_QUERY, 503: ERRORS[503]},
             dependencies=[STRICT_QUERY])
 async def workers(store: StoreDep, settings: SettingsDep, _: StrictReader):
-    rows = await store.list_workers(stale_after_seconds=3 * settings.renew_seconds + 1)
+    rows = await store.workers.list_workers(stale_after_seconds=3 * settings.renew_seconds + 1)
     return {"workers": [worker_view(r) for r in rows]}

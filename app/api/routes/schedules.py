@@ -163,7 +163,7 @@ async def create_schedule(request: Request, response: Response, store: StoreDep,
         raise ApiError(422, "INVALID_SCHEDULE", f"timezone: {exc}") from None
     registered_workflow(request, req.workflow_id, req.params)
     try:
-        created, row = await store.create_schedule(
+        created, row = await store.schedules.create_schedule(
             schedule_id=req.schedule_id,
             workflow_id=req.workflow_id,
             cron=expression.expression,
@@ -186,7 +186,7 @@ async def create_schedule(request: Request, response: Response, store: StoreDep,
             workflowId=row["workflow_id"],
         )
     response.headers["Location"] = f"/v1/schedules/{row['schedule_id']}"
-    return _view(await store.get_schedule(req.schedule_id) or row)
+    return _view(await store.schedules.get_schedule(req.schedule_id) or row)
 
 
 @router.get(
@@ -204,7 +204,7 @@ async def list_schedules(
                                         description="nextCursor of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ):
-    rows, next_cursor = await store.list_schedules(workflow_id=workflow_id, after=cursor,
+    rows, next_cursor = await store.schedules.list_schedules(workflow_id=workflow_id, after=cursor,
                                                    limit=limit)
     return {"schedules": [_view(r) for r in rows], "nextCursor": next_cursor}
 
@@ -217,7 +217,7 @@ async def list_schedules(
 )
 async def get_schedule(schedule_id: str, store: StoreDep, principal: StrictReader):
     check_schedule_id(schedule_id)
-    row = await store.get_schedule(schedule_id)
+    row = await store.schedules.get_schedule(schedule_id)
     if row is None:
         raise schedule_not_found(schedule_id)
     return _view(row)
@@ -238,7 +238,7 @@ async def schedule_events(
 ):
     check_schedule_id(schedule_id)
     # From schedule_events (never an execution's history), in one statement.
-    rows = await store.schedule_history(schedule_id, limit)
+    rows = await store.schedules.schedule_history(schedule_id, limit)
     if rows is None:
         raise schedule_not_found(schedule_id)
     return {"events": [{"eventId": r["event_id"], "at": r["at"], "kind": r["kind"],
