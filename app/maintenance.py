@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 
 from app.dberrors import is_infrastructure
 from app.logs import Fields
-from app.store.leadership import LeadershipStore, MaintenanceLease
+from app.store.leadership import MaintenanceLease, MaintenanceLeases
 
 log = logging.getLogger("fencepost.maintenance")
 
@@ -48,7 +48,7 @@ def schedules_role(workflow_ids: list[str]) -> str:
 class Leadership:
     """This worker's claim on one maintenance role."""
 
-    def __init__(self, store: LeadershipStore, role: str, holder: str, ttl_seconds: float):
+    def __init__(self, store: MaintenanceLeases, role: str, holder: str, ttl_seconds: float):
         if ttl_seconds <= 0:
             raise ValueError("the maintenance lease ttl must be positive")
         self.store = store

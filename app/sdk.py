@@ -38,7 +38,7 @@ from app.store import (
     StepRecord,
 )
 from app.store.compose import TransactionFailed
-from app.store.signals import signal_function_name
+from app.store.signals import SignalSender, signal_function_name
 
 log = logging.getLogger("fencepost.sdk")
 
@@ -59,7 +59,7 @@ __all__ = [
     "ChildFailed",
     "StepTimeout",
     "ReceivedSignal",
-    "SignalSender",
+    "SignalSender",  # the store's class itself: a sender reaches the store unconverted
 ]
 
 
@@ -100,18 +100,6 @@ class SignalTimeout(TimeoutError):
         self.signal_name = name
         self.step_key = step_key
         super().__init__(f"no signal {name!r} arrived in time (step {step_key!r})")
-
-
-@dataclass(frozen=True)
-class SignalSender:
-    """Who sent a signal: `token_id` and `name` of the API token (or, through
-    the dashboard, the operator's token and actor name), and its `role`
-    ("trigger" or "operate"). `token_id` is None when authentication is
-    disabled (name "anonymous")."""
-
-    token_id: str | None
-    name: str
-    role: str
 
 
 @dataclass(frozen=True)

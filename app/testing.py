@@ -57,7 +57,6 @@ from app.registry import WorkflowDefinition, load_workflows
 from app.sdk import SignalSender
 from app.settings import Settings
 from app.store import Admitted, ExecutionStore
-from app.store.signals import SignalSender as StoredSender
 from app.worker import Worker
 
 __all__ = ["ExecutionFailed", "WorkflowEnvironment", "TERMINAL"]
@@ -181,8 +180,7 @@ class WorkflowEnvironment:
             raise PermissionError(f"{record['workflow_id']!r} does not accept signal {name!r} "
                                   f"from role {sender.role!r}")
         answer, detail = await self.store.signals.send_signal(
-            execution_id, name, payload,
-            sender=StoredSender(sender.token_id, sender.name, sender.role))
+            execution_id, name, payload, sender=sender)
         if answer != "received":
             raise RuntimeError(f"signal {name!r} to {execution_id!r} not delivered: {answer} {detail}")
 

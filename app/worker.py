@@ -64,7 +64,6 @@ from app.store import (
     LeaseLost,
     StepRecord,
 )
-from app.store.leadership import LeadershipStore
 
 log = logging.getLogger("fencepost.worker")
 
@@ -196,7 +195,7 @@ class Worker:
             # takes part in the election (app/maintenance.py). Its statements
             # use the main pool: the control pool stays the renewer's alone,
             # so a delivery's lease renewal never queues behind them.
-            leaders = LeadershipStore(pool)
+            leaders = self.store.maintenance  # self.store is on the main pool
             sweeps = Leadership(leaders, SWEEPS, self.worker_id, s.maintenance_lease_seconds)
             schedules = Leadership(leaders, schedules_role(sorted(self.workflows)),
                                    self.worker_id, s.maintenance_lease_seconds)

@@ -13,6 +13,7 @@ this package, in a few objects named after what they are responsible for:
     store.operations   bulk operations (bulk.py)
     store.history      reads: records, pages, events, steps; retention (history.py)
     store.dashboard    the dashboard's listing, counts and activity (ui.py)
+    store.maintenance  which worker runs each maintenance role (leadership.py)
     store.schedules, store.workers, store.tokens, store.sessions,
     store.settings (shared settings), store.clock (the database clock)
 
@@ -50,6 +51,7 @@ from app.store.compose import ChildExecution, Compose, TransactionFailed
 from app.store.effects import EffectAttempt, Effects
 from app.store.handle import ConnectionHandle, Handle, StoreConfig
 from app.store.history import History
+from app.store.leadership import MaintenanceLease, MaintenanceLeases
 from app.store.leases import Leases
 from app.store.operator import Operator
 from app.store.redrive import Forked, Redriven, Redrives
@@ -83,7 +85,8 @@ __all__ = [
     "ENDED_CHANNEL", "NOTIFY_CHANNEL", "Acknowledged", "Admissions", "Admitted", "ChildExecution",
     "Clock", "Compose", "Conflict", "ConnectionHandle", "Dashboard", "Delivery", "EffectAttempt",
     "Effects", "ExecutionStore", "Existing", "Forked", "Handle", "History", "Interrupt",
-    "InvalidEvent", "Lease", "LeaseLost", "Leases", "Operations", "Operator", "ReapResult",
+    "InvalidEvent", "Lease", "LeaseLost", "Leases", "MaintenanceLease", "MaintenanceLeases",
+    "Operations", "Operator", "ReapResult",
     "Redriven", "Redrives", "RetryingPool", "ScheduleTurn", "Schedules", "Sessions",
     "SettingChange", "SharedSettings", "SignalSender", "Signals", "StepRecord", "Steps",
     "StoreConfig", "StoreObjects", "StoredSetting", "Tokens", "TransactionFailed", "WakeAnswer",
@@ -115,6 +118,7 @@ class StoreObjects:
         self.sessions = Sessions(db, config)
         self.settings = SharedSettings(db, config)
         self.clock = Clock(db, config)
+        self.maintenance = MaintenanceLeases(db, config)
 
 
 class ExecutionStore(StoreObjects):

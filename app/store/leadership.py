@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-import asyncpg
-
-from app.store.retry import RetryingPool, retrying
+from app.store.handle import StoreObject
 
 
 @dataclass(frozen=True)
@@ -27,9 +25,8 @@ class MaintenanceLease:
     expires_at: datetime
 
 
-class LeadershipStore:
-    def __init__(self, pool: asyncpg.Pool | RetryingPool):
-        self.pool = retrying(pool)
+class MaintenanceLeases(StoreObject):
+    """Each maintenance role's lease (store.maintenance)."""
 
     async def acquire(self, role: str, holder: str, ttl_seconds: float) -> MaintenanceLease | None:
         """Take or renew `role` for `holder` until now + ttl: renewed (same
@@ -37,7 +34,7 @@ class LeadershipStore:
         lease has expired or never existed; None while another holder's
         unexpired lease stands. The row lock of the upsert serialises
         concurrent takeovers: exactly one of them finds the lease expired."""
-        row = await self.pool.fetchrow(
+        row = await self.db.fetchrow(
             """
             INSERT INTO maintenance_leases AS m (role, holder, token, expires_at)
             VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8))
@@ -58,7 +55,7 @@ class LeadershipStore:
 
     async def holds(self, lease: MaintenanceLease) -> bool:
         """Whether `lease`'s term still stands: same holder and token, not expired."""
-        return bool(await self.pool.fetchval(
+        return bool(await self.db.fetchval(
             "SELECT true FROM maintenance_leases "
             "WHERE role = $1 AND holder = $2 AND token = $3 AND expires_at > now()",
             lease.role, lease.holder, lease.token,
@@ -67,16 +64,16 @@ class LeadershipStore:
     async def release(self, lease: MaintenanceLease) -> bool:
         """End `lease`'s term now (a stopping leader), so another worker takes
         the role at its next attempt instead of after the expiry."""
-        return await self.pool.fetchval(
+        return bool(await self.db.fetchval(
             "UPDATE maintenance_leases SET expires_at = now() "
             "WHERE role = $1 AND holder = $2 AND token = $3 AND expires_at > now() "
             "RETURNING true",
             lease.role, lease.holder, lease.token,
-        ) is not None
+        ))
 
     async def leaders(self) -> list[MaintenanceLease]:
         """Every role's current, unexpired holder."""
-        rows = await self.pool.fetch(
+        rows = await self.db.fetch(
             "SELECT role, holder, token, expires_at FROM maintenance_leases "
             "WHERE expires_at > now() ORDER BY role")
         return [MaintenanceLease(**dict(r)) for r in rows]

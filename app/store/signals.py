@@ -25,9 +25,11 @@ SignalAnswer = Literal["received", "not_found", "terminal", "forbidden", "too_ma
 
 @dataclass(frozen=True)
 class SignalSender:
-    """Who sent a signal: the API token (ID, name, role) or, through the
-    dashboard, the operator (token ID of the session's token, actor name,
-    role "operate"). Recorded in the signal row and its event."""
+    """Who sent a signal: `token_id` and `name` of the API token (or, through
+    the dashboard, the operator's session token and actor name), and its
+    `role` ("trigger" or "operate"). `token_id` is None when authentication
+    is disabled (name "anonymous"). Recorded in the signal row and its event;
+    the SDK exports this class as `app.sdk.SignalSender`."""
 
     token_id: str | None
     name: str

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 
 from app.maintenance import Leadership, schedules_role
 from app.settings import Settings
-from app.store.leadership import LeadershipStore
+from app.store import ExecutionStore, MaintenanceLeases
 
 
-async def _expired(store: LeadershipStore, lease) -> bool:
+async def _expired(store: MaintenanceLeases, lease) -> bool:
     deadline = asyncio.get_running_loop().time() + 10
     while await store.holds(lease):
         assert asyncio.get_running_loop().time() < deadline, "the lease never expired"
@@ -25,7 +25,7 @@ async def _expired(store: LeadershipStore, lease) -> bool:
 
 
 async def test_one_holder_at_a_time_renewed_with_the_same_token(pool: asyncpg.Pool):
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     a = await store.acquire("sweeps", "A", 30)
     assert a is not None and (a.holder, a.token) == ("A", 1)
     assert await store.acquire("sweeps", "B", 30) is None  # A's term stands
@@ -36,7 +36,7 @@ async def test_one_holder_at_a_time_renewed_with_the_same_token(pool: asyncpg.Po
 
 
 async def test_an_expired_lease_is_taken_over_and_the_old_term_ends(pool: asyncpg.Pool):
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     a = await store.acquire("sweeps", "A", 0.2)
     assert await _expired(store, a)
     b = await store.acquire("sweeps", "B", 30)
@@ -48,7 +48,7 @@ async def test_an_expired_lease_is_taken_over_and_the_old_term_ends(pool: asyncp
 
 
 async def test_concurrent_takeovers_elect_exactly_one(pool: asyncpg.Pool):
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     old = await store.acquire("sweeps", "old", 0.1)
     assert await _expired(store, old)
     got = await asyncio.gather(*(store.acquire("sweeps", f"w{i}", 30) for i in range(6)))
@@ -57,7 +57,7 @@ async def test_concurrent_takeovers_elect_exactly_one(pool: asyncpg.Pool):
 
 
 async def test_a_release_hands_the_role_over_at_once(pool: asyncpg.Pool):
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     a = await store.acquire("sweeps", "A", 30)
     assert await store.release(a)
     assert not await store.holds(a)
@@ -67,7 +67,7 @@ async def test_a_release_hands_the_role_over_at_once(pool: asyncpg.Pool):
 
 
 async def test_roles_are_independent_and_schedules_are_per_workflow_set(pool: asyncpg.Pool):
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     assert schedules_role(["b", "a"]) == schedules_role(["a", "b"]) == "schedules a,b"
     assert len(schedules_role([f"workflow-{i}" for i in range(50)])) < 60
     assert await store.acquire("sweeps", "A", 30) is not None
@@ -77,7 +77,7 @@ async def test_roles_are_independent_and_schedules_are_per_workflow_set(pool: as
 
 async def test_a_leader_checks_the_database_before_each_sweep(pool: asyncpg.Pool):
     """A paused leader's in-memory lease is stale: leading() asks the database."""
-    store = LeadershipStore(pool)
+    store = ExecutionStore(pool).maintenance
     a = Leadership(store, "sweeps", "A", 0.2)
     b = Leadership(store, "sweeps", "B", 30)
     assert await a.attempt() and await a.leading()
