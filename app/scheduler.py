@@ -34,7 +34,7 @@ from app.dberrors import INFRASTRUCTURE_ERRORS
 from app.maintenance import Leadership, every
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition
-from app.store import Admitted, ExecutionStore
+from app.store import Admitted, Conflict, ExecutionStore
 
 log = logging.getLogger("fencepost.scheduler")
 
@@ -102,6 +102,9 @@ class Scheduler:
                 timezone=definition.timezone or "UTC",
                 params=CODE_SCHEDULE_PARAMS,
             )
+            if row is None:
+                # Only a concurrent DELETE between the upsert and its re-read leaves no row.
+                raise RuntimeError(f"schedule {definition.workflow_id} was deleted while declared")
             rows.append(row)
             log.info("schedule %s: %r in %s%s", row["schedule_id"], row["cron"], row["timezone"],
                      " (paused)" if row["paused"] else "")
@@ -192,7 +195,7 @@ class Scheduler:
                 else:
                     # Already admitted (by another worker, or before a crash).
                     result.conflicts.append(execution_id)
-                    if answer.workflow_id != s["workflow_id"]:
+                    if isinstance(answer, Conflict) and answer.workflow_id != s["workflow_id"]:
                         log.warning("schedule %s: slot ID %s is taken by an execution of %s",
                                     schedule_id, execution_id, answer.workflow_id)
             detail = None

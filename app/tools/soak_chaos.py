@@ -25,7 +25,7 @@ class Chaos:
     unexpected_exits: list[str] = field(default_factory=list)
 
 
-async def _held_by(conn: asyncpg.Connection, worker_id: str) -> int:
+async def _held_by(conn: asyncpg.Connection, worker_id: str | None) -> int:
     return await conn.fetchval(
         "SELECT count(*) FROM executions WHERE lease_owner = $1 AND status = 'running' "
         "AND lease_expires_at > now()", worker_id)

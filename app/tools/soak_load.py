@@ -33,22 +33,23 @@ class _Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
+        if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        reader = self.reader
         self.writer.write(
             b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body
         )
-        status = await self.reader.readline()
+        status = await reader.readline()
         if not status:
             raise ConnectionError("the API closed the connection")
         length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+        while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
-        return int(status.split()[1]), await self.reader.readexactly(length)
+        return int(status.split()[1]), await reader.readexactly(length)
 
     def close(self) -> None:
         if self.writer is not None:

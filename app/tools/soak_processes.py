@@ -161,9 +161,12 @@ def short_tempdir(prefix: str) -> Path:
 
 async def wait_ready(procs: Processes, conn: asyncpg.Connection, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
+    api = procs.api
+    if api is None:
+        raise RuntimeError("wait_ready needs the API started (start_api) first")
     while True:
-        if not procs.api.alive():
-            raise RuntimeError(f"the API exited with {procs.api.proc.returncode}")
+        if not api.alive():
+            raise RuntimeError(f"the API exited with {api.proc.returncode}")
         if procs.reap_exited():
             raise RuntimeError("a worker exited before the soak began")
         api_ready = False
