@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 
 from app.dberrors import is_infrastructure
 from app.logs import Fields
+from app.metrics import METRICS
 from app.store.leadership import MaintenanceLease, MaintenanceLeases
 
 log = logging.getLogger("fencepost.maintenance")
@@ -58,11 +59,18 @@ class Leadership:
         self.renew_seconds = ttl_seconds / 3
         self.lease: MaintenanceLease | None = None
         self.log = Fields(log, {"worker_id": holder, "role": role})
+        self._report()
+
+    def _report(self) -> None:
+        """The leader gauge follows `self.lease` (this worker's last known
+        term): set wherever the term is taken, found over or released."""
+        METRICS.maintenance_leader.labels(self.role).set(1 if self.lease is not None else 0)
 
     async def attempt(self) -> bool:
         """Take or renew the role's lease; whether this worker holds it now."""
         lease = await self.store.acquire(self.role, self.holder, self.ttl_seconds)
         previous, self.lease = self.lease, lease
+        self._report()
         if lease is not None and (previous is None or previous.token != lease.token):
             self.log.info("maintenance role %r taken (token %d): this worker runs it",
                           self.role, lease.token)
@@ -80,6 +88,7 @@ class Leadership:
             return True
         if self.lease is lease:
             self.lease = None
+            self._report()
             self._lost(lease)
         return False
 
@@ -105,6 +114,7 @@ class Leadership:
 
     async def release(self) -> None:
         lease, self.lease = self.lease, None
+        self._report()
         if lease is not None and await self.store.release(lease):
             self.log.info("maintenance role %r released (token %d)", self.role, lease.token)
 

@@ -148,6 +148,12 @@ class ProcessMetrics:
             "Unix time of the last pass of each maintenance task that finished without error.",
             ["task"], registry=r,
         )
+        self.maintenance_leader = Gauge(
+            "fencepost_maintenance_leader",
+            "1 while this worker holds the maintenance role's lease (it runs that role: "
+            "sweeps, or the schedules of a set of workflows), 0 otherwise.",
+            ["role"], registry=r,
+        )
         # -- HTTP (API)
         self.http_requests = Counter(
             "fencepost_http_requests", "HTTP requests answered, by route template, method and "
