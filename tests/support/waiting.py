@@ -4,6 +4,7 @@ condition until it holds, or fail after a timeout naming what never happened.
   wait_until       poll a condition (sync or async) from a coroutine
   wait_until_sync  the same from plain code (a subprocess, a container)
   wait_status      an execution's (healed) record once its status is one of those given
+  wait_record      an execution's (healed) record once a check of it holds
   wait_event       an execution's events of one kind once there are enough of them
 """
 
@@ -92,6 +93,27 @@ async def wait_status(store: Any, execution_id: str, *statuses: str,
 
     return await wait_until(check, timeout=timeout, what=f"{execution_id} in {statuses}",
                             detail=seen)
+
+
+async def wait_record(store: Any, execution_id: str, check: Callable[[dict], Any], *,
+                      timeout: float = 10.0, interval: float = 0.05,
+                      what: str = "condition") -> dict:
+    """The record once `check(record)` holds; a timeout names the last status,
+    parked reason and waiting_on seen."""
+    last: dict[str, Any] = {}
+
+    async def holds() -> dict | None:
+        record = await store.history.get(execution_id)
+        last["record"] = record
+        return record if record is not None and check(record) else None
+
+    def seen() -> str:
+        record = last.get("record") or {}
+        return (f"last status {record.get('status')!r}, parked_reason "
+                f"{record.get('parked_reason')!r}, waiting_on {record.get('waiting_on')!r}")
+
+    return await wait_until(holds, timeout=timeout, interval=interval,
+                            what=f"{what} on {execution_id}", detail=seen)
 
 
 async def wait_event(store: Any, execution_id: str, kind: str, *, count: int = 1,

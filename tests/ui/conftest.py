@@ -33,6 +33,7 @@ from app.settings import Settings
 from app.store import ExecutionStore
 from app.worker import Worker
 from tests.support.live_server import ServerThread
+from tests.support.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -133,13 +134,13 @@ async def open_ui(settings: Settings, pool: asyncpg.Pool, browser: Browser):
                         await asyncio.wait_for(task, 15)
 
                 stack.push_async_callback(stop_worker)
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 10
-                while w.store is None:
+
+                def started() -> bool:
                     if task.done():
-                        task.result()
-                    assert loop.time() < deadline, "the worker did not start"
-                    await asyncio.sleep(0.02)
+                        task.result()  # a worker that failed to start raises its error here
+                    return w.store is not None
+
+                await wait_until(started, timeout=10, what="the worker to start")
             ui = UI(f"http://127.0.0.1:{server.port}", s, store, browser)
             opened.append(ui)
             return ui

@@ -1,56 +1,26 @@
-"""Small helpers for the dashboard tests: wait for a status, admit, backdate."""
+"""Small helpers for the dashboard tests: reload a page until it shows a text,
+sign in, read a form's CSRF token. Admitting and waiting: tests/support."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from playwright.async_api import Page
 
-from app.store import Admitted, ExecutionStore
+from tests.support.waiting import wait_until
 
-
-async def admit(store: ExecutionStore, workflow_id: str, params: Any = None, *,
-                execution_id: str | None = None) -> str:
-    result = await store.admissions.admit(workflow_id=workflow_id, params=params if params is not None else {},
-                               execution_id=execution_id)
-    assert isinstance(result, Admitted), result
-    return result.execution_id
-
-
-async def wait_record(store: ExecutionStore, execution_id: str, check, *, timeout: float = 15,
-                      what: str = "condition") -> dict:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        record = await store.history.get(execution_id)
-        if record is not None and check(record):
-            return record
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"timed out waiting for {what} on {execution_id}; last: "
-                f"{record and {k: record[k] for k in ('status', 'parked_reason', 'waiting_on')}}"
-            )
-        await asyncio.sleep(0.05)
-
-
-async def wait_status(store: ExecutionStore, execution_id: str, *statuses: str,
-                      timeout: float = 15) -> dict:
-    return await wait_record(store, execution_id, lambda r: r["status"] in statuses,
-                             timeout=timeout, what=f"status in {statuses}")
+# How long a dashboard test waits for an execution's state: a browser, a server
+# thread and a worker share the machine, so longer than the suite's default.
+UI_WAIT = 15.0
 
 
 async def reload_until_text(page: Page, selector: str, text: str, *, timeout: float = 15) -> None:
     """Reload `page` until `selector` contains `text` (the pages do not poll)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+    async def shows() -> bool:
         if text in await page.locator(selector).inner_text():
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"{selector!r} never showed {text!r}")
-        await asyncio.sleep(0.25)
+            return True
         await page.reload()
+        return False
+
+    await wait_until(shows, timeout=timeout, interval=0.25, what=f"{selector!r} to show {text!r}")
 
 
 async def sign_in(base: str, token: str) -> str:

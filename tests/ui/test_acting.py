@@ -11,8 +11,10 @@ import httpx
 import pytest
 from playwright.async_api import expect
 
+from tests.support.admission import admit
+from tests.support.waiting import wait_record, wait_status
 from tests.ui import flows
-from tests.ui.helpers import admit, form_csrf, reload_until_text, wait_record, wait_status
+from tests.ui.helpers import UI_WAIT, form_csrf, reload_until_text
 
 
 @pytest.fixture(autouse=True)
@@ -23,8 +25,8 @@ def _fresh_flows():
 
 async def test_redrive_a_failed_execution_from_its_page(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-ship", {"note": "box-7"}, execution_id="ship-1")
-    await wait_status(ui.store, eid, "failed")
+    eid = await admit(ui.store, "ui-ship", params={"note": "box-7"}, execution_id="ship-1")
+    await wait_status(ui.store, eid, "failed", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await expect(page.locator("#status")).to_have_text("failed")
@@ -52,7 +54,7 @@ async def test_redrive_a_failed_execution_from_its_page(open_ui):
     await expect(page).to_have_url(re.compile(f"/ui/executions/{eid}\\?done=redriven&redrive=1$"))
     await expect(page.locator("#notice")).to_contain_text("Redriven")
     await expect(page.locator("#notice")).to_contain_text("ship")
-    await wait_status(ui.store, eid, "completed")
+    await wait_status(ui.store, eid, "completed", timeout=UI_WAIT)
     await reload_until_text(page, "#status", "completed")
     await expect(page.locator("#outcome")).to_contain_text("shipped box-7")
     # The failed attempt is kept, shown as superseded by redrive 1.
@@ -73,9 +75,9 @@ async def test_redrive_a_failed_execution_from_its_page(open_ui):
 
 async def test_a_completed_execution_is_redriven_from_a_chosen_step(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-ship", {"note": "n"}, execution_id="ship-done")
+    eid = await admit(ui.store, "ui-ship", params={"note": "n"}, execution_id="ship-done")
     flows.FIXED.add(eid)
-    await wait_status(ui.store, eid, "completed")
+    await wait_status(ui.store, eid, "completed", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await page.locator("#redrive").click()
@@ -90,16 +92,16 @@ async def test_a_completed_execution_is_redriven_from_a_chosen_step(open_ui):
     await page.locator("#confirm-redrive").click()
     await expect(page.locator("#notice")).to_contain_text("ship")
     await wait_record(ui.store, eid, lambda r: r["status"] == "completed" and r["redrives"] == 1,
-                      what="completed again")
+                      what="completed again", timeout=UI_WAIT)
     assert flows.CALLS.count((eid, "reserve")) == 1
     assert flows.CALLS.count((eid, "ship")) == 2
 
 
 async def test_fork_from_a_step_then_bad_params_are_a_clear_error(open_ui):
     ui = await open_ui()
-    src = await admit(ui.store, "ui-ship", {"note": "first"}, execution_id="fork-src")
+    src = await admit(ui.store, "ui-ship", params={"note": "first"}, execution_id="fork-src")
     flows.FIXED.update({src, "fork-copy"})
-    await wait_status(ui.store, src, "completed")
+    await wait_status(ui.store, src, "completed", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{src}")
     await page.locator("#fork").click()
@@ -123,7 +125,7 @@ async def test_fork_from_a_step_then_bad_params_are_a_clear_error(open_ui):
     await page.locator("#confirm-fork").click()
     await expect(page).to_have_url(re.compile(r"/ui/executions/fork-copy\?done=forked$"))
     await expect(page.locator("#notice")).to_contain_text("Forked from fork-src")
-    await wait_status(ui.store, "fork-copy", "completed")
+    await wait_status(ui.store, "fork-copy", "completed", timeout=UI_WAIT)
     await reload_until_text(page, "#status", "completed")
     await expect(page.locator("#outcome")).to_contain_text("shipped second")
     await expect(page.locator("#forked-from")).to_contain_text("fork-src")
@@ -141,9 +143,9 @@ async def test_fork_from_a_step_then_bad_params_are_a_clear_error(open_ui):
 
 async def test_terminate_runs_no_code(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-sleep", {}, execution_id="nap-term")
+    eid = await admit(ui.store, "ui-sleep", params={}, execution_id="nap-term")
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                      what="asleep")
+                      what="asleep", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await page.locator("#terminate").click()
@@ -163,9 +165,9 @@ async def test_terminate_runs_no_code(open_ui):
 
 async def test_refusals_are_pages(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-sleep", {}, execution_id="nap-busy")
+    eid = await admit(ui.store, "ui-sleep", params={}, execution_id="nap-busy")
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                      what="asleep")
+                      what="asleep", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await expect(page.locator("#redrive")).to_have_count(0)  # nothing to redrive
@@ -191,12 +193,12 @@ async def test_refusals_are_pages(open_ui):
 
 async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
     ui = await open_ui()
-    naps = [await admit(ui.store, "ui-sleep", {}, execution_id=f"bulk-nap-{i}") for i in range(5)]
-    other = await admit(ui.store, "ui-echo", {"keep": True})
+    naps = [await admit(ui.store, "ui-sleep", params={}, execution_id=f"bulk-nap-{i}") for i in range(5)]
+    other = await admit(ui.store, "ui-echo", params={"keep": True})
     for eid in naps:
         await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                          what="asleep")
-    await wait_status(ui.store, other, "completed")
+                          what="asleep", timeout=UI_WAIT)
+    await wait_status(ui.store, other, "completed", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto("/ui")
     await page.locator("nav a", has_text="Operations").click()
@@ -225,7 +227,7 @@ async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
     await expect(page.locator("#stop")).to_have_count(0)
     await ui.shot(page, "operation-completed")
     for eid in naps:
-        record = await wait_status(ui.store, eid, "cancelled")
+        record = await wait_status(ui.store, eid, "cancelled", timeout=UI_WAIT)
         assert record["cancel_requested_by"].startswith("anonymous (operation op-")
     assert (await ui.store.history.get(other))["status"] == "completed"
 
@@ -233,7 +235,7 @@ async def test_bulk_cancel_by_workflow_count_first_then_progress(open_ui):
 async def test_bulk_redrive_shows_failures_then_a_stop(open_ui):
     ui = await open_ui(worker=False)  # the test carries the operation out, as a worker does
     for i in range(3):
-        await admit(ui.store, "ui-echo", {}, execution_id=f"wait-{i}")
+        await admit(ui.store, "ui-echo", params={}, execution_id=f"wait-{i}")
     page = await ui.page()
     await page.goto("/ui/operations")
     form = page.locator("form.bulk")

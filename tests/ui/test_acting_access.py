@@ -11,16 +11,18 @@ import pytest
 from playwright.async_api import expect
 
 from app.ui.routes import SESSION_COOKIE
+from tests.support.admission import admit
+from tests.support.waiting import wait_status
 from tests.ui import flows
-from tests.ui.helpers import admit, sign_in, wait_status
+from tests.ui.helpers import UI_WAIT, sign_in
 from tests.ui.test_no_500 import _check_page
 
 
 async def test_read_role_sees_the_actions_disabled_and_operate_acts(open_ui):
     ui = await open_ui(auth="enabled")
     flows.FIXED.clear()
-    eid = await admit(ui.store, "ui-ship", {}, execution_id="ship-auth")
-    await wait_status(ui.store, eid, "failed")
+    eid = await admit(ui.store, "ui-ship", params={}, execution_id="ship-auth")
+    await wait_status(ui.store, eid, "failed", timeout=UI_WAIT)
     reader = await sign_in(ui.base, await ui.token("read", "reader-rita"))
     operator = await sign_in(ui.base, await ui.token("operate", "ops-omar"))
     host = re.sub(r"^http://|:\d+$", "", ui.base)
@@ -45,7 +47,7 @@ async def test_read_role_sees_the_actions_disabled_and_operate_acts(open_ui):
     await page2.locator("#redrive").click()
     await page2.locator("#confirm-redrive").click()
     await expect(page2.locator("#notice")).to_contain_text("ship")
-    await wait_status(ui.store, eid, "completed")
+    await wait_status(ui.store, eid, "completed", timeout=UI_WAIT)
     redriven = [e for e in await ui.store.history.events(eid) if e["kind"] == "redriven"]
     assert redriven[0]["detail"]["by"] == "ops-omar"
     # With authentication on, the nav shows the operations page to an operator.
@@ -97,7 +99,7 @@ ODD_FORMS = [
 @pytest.mark.parametrize("auth", ["disabled", "enabled"])
 async def test_no_request_to_the_new_pages_is_a_500(open_ui, auth):
     ui = await open_ui(auth=auth, worker=False)
-    await admit(ui.store, "ui-sleep", {}, execution_id="ok-1")
+    await admit(ui.store, "ui-sleep", params={}, execution_id="ok-1")
     cookies = {}
     if auth == "enabled":
         cookies[SESSION_COOKIE] = await sign_in(ui.base, await ui.token("operate", "fuzzer"))

@@ -10,7 +10,9 @@ import re
 from playwright.async_api import expect
 
 from app.ui.routes import SESSION_COOKIE
-from tests.ui.helpers import admit, form_csrf, reload_until_text, wait_record, wait_status
+from tests.support.admission import admit
+from tests.support.waiting import wait_record, wait_status
+from tests.ui.helpers import UI_WAIT, form_csrf, reload_until_text
 
 SCRIPT = "<script>alert('fencepost-xss')</script>"
 IMG = '<img src=x onerror="alert(1)">'
@@ -22,7 +24,7 @@ async def _seed_listing(ui) -> dict[str, int]:
     activity for the chart."""
     counters = {"ui-idle-a": 0, "ui-idle-b": 2, "ui-idle-c": 7, "ui-idle-d": 12, "ui-idle-e": 1}
     for eid, n in counters.items():
-        await admit(ui.store, "ui-idle", {"order": eid}, execution_id=eid)
+        await admit(ui.store, "ui-idle", params={"order": eid}, execution_id=eid)
         await ui.store.pool.execute(
             "UPDATE executions SET unacknowledged_deliveries = $2, "
             "last_unacknowledged_at = CASE WHEN $2 > 0 THEN now() END WHERE execution_id = $1",
@@ -50,8 +52,8 @@ async def _seed_listing(ui) -> dict[str, int]:
 async def test_list_loads_filters_and_charts(open_ui):
     ui = await open_ui()
     counters = await _seed_listing(ui)
-    done = await admit(ui.store, "ui-echo", {"hello": "world"})
-    await wait_status(ui.store, done, "completed")
+    done = await admit(ui.store, "ui-echo", params={"hello": "world"})
+    await wait_status(ui.store, done, "completed", timeout=UI_WAIT)
     page = await ui.page()
 
     response = await page.goto("/ui")
@@ -105,9 +107,9 @@ async def test_list_loads_filters_and_charts(open_ui):
 
 async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-charge", {"amount": 4200}, execution_id="order-4200")
+    eid = await admit(ui.store, "ui-charge", params={"amount": 4200}, execution_id="order-4200")
     await wait_record(ui.store, eid, lambda r: r["status"] == "parked",
-                      what="parked on the charge")
+                      what="parked on the charge", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto("/ui?blockedBy=parked")
     await page.get_by_role("link", name=eid, exact=True).click()
@@ -134,7 +136,7 @@ async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
     await page.locator("#confirm-resolve").click()
     await expect(page).to_have_url(re.compile(f"/ui/executions/{eid}\\?done=resolved$"))
     await expect(page.locator("#notice")).to_contain_text("Step resolved")
-    await wait_status(ui.store, eid, "completed")
+    await wait_status(ui.store, eid, "completed", timeout=UI_WAIT)
     await reload_until_text(page, "#status", "completed")
     await expect(page.locator("#outcome")).to_contain_text("rcpt-ch_4200")
     await expect(page.locator("ol.timeline")).to_contain_text("step resolved by an operator")
@@ -146,8 +148,8 @@ async def test_resolve_outcome_unknown_step_then_it_completes(open_ui):
 
 async def test_review_refuses_a_result_that_is_not_json(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-charge", {"amount": 1})
-    await wait_status(ui.store, eid, "parked")
+    eid = await admit(ui.store, "ui-charge", params={"amount": 1})
+    await wait_status(ui.store, eid, "parked", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     form = page.locator("form.resolve-form")
@@ -161,9 +163,9 @@ async def test_review_refuses_a_result_that_is_not_json(open_ui):
 
 async def test_cancel_a_sleeping_execution(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-sleep", {}, execution_id="nap-1")
+    eid = await admit(ui.store, "ui-sleep", params={}, execution_id="nap-1")
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                      what="asleep")
+                      what="asleep", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
     await expect(page.locator("#why .headline")).to_have_text(
@@ -179,7 +181,7 @@ async def test_cancel_a_sleeping_execution(open_ui):
     await page.locator("#confirm-cancel").click()
     await expect(page.locator("#notice")).to_contain_text("Cancel requested")
     # The worker delivers it once more (its cleanup), then it is cancelled.
-    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled")
+    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled", timeout=UI_WAIT)
     await page.reload()
     await expect(page.locator("#status")).to_have_text("cancelled")
     await expect(page.locator("#outcome")).to_contain_text("Cancelled")
@@ -193,9 +195,9 @@ async def test_cancel_a_sleeping_execution(open_ui):
 
 async def test_wake_now_asks_for_a_delivery(open_ui):
     ui = await open_ui()
-    eid = await admit(ui.store, "ui-sleep", {})
+    eid = await admit(ui.store, "ui-sleep", params={})
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                      what="asleep")
+                      what="asleep", timeout=UI_WAIT)
     claims = [e for e in await ui.store.history.events(eid) if e["kind"] == "claimed"]
     page = await ui.page()
     await page.goto(f"/ui/executions/{eid}")
@@ -209,15 +211,15 @@ async def test_wake_now_asks_for_a_delivery(open_ui):
 
     # A delivery ran the code again; its durable timer still holds it asleep.
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["token"] == 2,
-                      what="a second delivery")
+                      what="a second delivery", timeout=UI_WAIT)
     assert await delivered_again()
 
 
 async def test_script_in_params_is_shown_as_text(open_ui):
     ui = await open_ui()
     params = {"note": SCRIPT, "html": IMG, "big": "x" * 400 + SCRIPT}
-    eid = await admit(ui.store, "ui-echo", params, execution_id="xss-1")
-    await wait_status(ui.store, eid, "completed")
+    eid = await admit(ui.store, "ui-echo", params=params, execution_id="xss-1")
+    await wait_status(ui.store, eid, "completed", timeout=UI_WAIT)
     page = await ui.page()
     await page.goto("/ui")
     await page.get_by_role("link", name=eid, exact=True).click()
@@ -264,9 +266,9 @@ async def test_not_found_is_a_page(open_ui):
 
 async def test_roles_with_authentication_on(open_ui):
     ui = await open_ui(auth="enabled")
-    eid = await admit(ui.store, "ui-sleep", {}, execution_id="nap-auth")
+    eid = await admit(ui.store, "ui-sleep", params={}, execution_id="nap-auth")
     await wait_record(ui.store, eid, lambda r: r["status"] == "suspended" and r["waiting_on"],
-                      what="asleep")
+                      what="asleep", timeout=UI_WAIT)
     reader_token = await ui.token("read", "reader-rita")
     operator_token = await ui.token("operate", "ops-omar")
     trigger_token = await ui.token("trigger", "ci-bot")
@@ -334,7 +336,7 @@ async def test_roles_with_authentication_on(open_ui):
     await page2.locator("#confirm-cancel").click()
     await expect(page2.locator("#notice")).to_contain_text("Cancel requested")
     # The worker delivers it once more (its cleanup), then it is cancelled.
-    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled")
+    await wait_record(ui.store, eid, lambda r: r["status"] == "cancelled", what="cancelled", timeout=UI_WAIT)
     await page2.reload()
     await expect(page2.locator("#status")).to_have_text("cancelled")
     record = await ui.store.history.get(eid)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from app.ui.routes import SESSION_COOKIE
-from tests.ui.helpers import admit, sign_in
+from tests.support.admission import admit
+from tests.ui.helpers import sign_in
 
 ODD_GETS = [
     "/ui", "/ui/", "/ui/workers", "/ui/login", "/ui/nope", "/ui/executions",
@@ -65,7 +66,7 @@ def _check_page(response: httpx.Response, what: str) -> None:
 @pytest.mark.parametrize("auth", ["disabled", "enabled"])
 async def test_no_request_to_ui_is_a_500(open_ui, auth):
     ui = await open_ui(auth=auth, worker=False)
-    await admit(ui.store, "ui-sleep", {}, execution_id="ok-1")
+    await admit(ui.store, "ui-sleep", params={}, execution_id="ok-1")
     cookies = {}
     if auth == "enabled":
         cookies[SESSION_COOKIE] = await sign_in(ui.base, await ui.token("operate", "fuzzer"))

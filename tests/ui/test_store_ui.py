@@ -6,22 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import asyncpg
-import pytest
-
 from app.blocked import blocked_by
-from app.settings import Settings
 from app.store import ExecutionStore
-
-
-@pytest.fixture
-def store(pool: asyncpg.Pool, settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, settings)
-
-
-async def _admit(store: ExecutionStore, eid: str, workflow_id: str) -> str:
-    await store.admissions.admit(workflow_id=workflow_id, params={}, execution_id=eid)
-    return eid
+from tests.support.admission import admit
 
 
 async def _claim(store: ExecutionStore, workflow_id: str):
@@ -32,30 +19,30 @@ async def _claim(store: ExecutionStore, workflow_id: str):
 async def _every_state(store: ExecutionStore) -> dict[str, str]:
     """One execution per blockedBy reason: {execution_id: reason}."""
     pool = store.pool
-    await _admit(store, "due-1", "w-live")
-    await _admit(store, "noworker-1", "w-dead")
-    await _admit(store, "sleep-1", "w-live-sleep")
+    await admit(store, "w-live", "due-1")
+    await admit(store, "w-dead", "noworker-1")
+    await admit(store, "w-live-sleep", "sleep-1")
     await pool.execute("UPDATE executions SET status = 'suspended', ever_suspended = true, "
                        "due_at = now() + interval '1 hour', waiting_on = '{\"sleep\": \"nap\"}' "
                        "WHERE execution_id = 'sleep-1'")
-    await _admit(store, "signal-1", "w-live-signal")
+    await admit(store, "w-live-signal", "signal-1")
     await pool.execute("UPDATE executions SET status = 'suspended', ever_suspended = true, "
                        "due_at = NULL, waiting_on = '{\"signal\": \"approval\"}' "
                        "WHERE execution_id = 'signal-1'")
-    await _admit(store, "leased-1", "w-leased")
+    await admit(store, "w-leased", "leased-1")
     await _claim(store, "w-leased")
-    await _admit(store, "expired-1", "w-expired")
+    await admit(store, "w-expired", "expired-1")
     await _claim(store, "w-expired")
     await pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 second' "
                        "WHERE execution_id = 'expired-1'")
-    await _admit(store, "delay-1", "w-delay")
+    await admit(store, "w-delay", "delay-1")
     await store.operator.request_wake("delay-1")
     await store.leases.release(await _claim(store, "w-delay"))
     await store.operator.request_wake("delay-1")
-    await _admit(store, "parked-1", "w-parked")
+    await admit(store, "w-parked", "parked-1")
     await pool.execute("UPDATE executions SET status = 'parked', parked_reason = 'poison', "
                        "due_at = NULL WHERE execution_id = 'parked-1'")
-    await _admit(store, "done-1", "w-done")
+    await admit(store, "w-done", "done-1")
     await store.leases.acknowledge(await _claim(store, "w-done"), "completed", result={"ok": True})
     return {
         "due-1": "due", "noworker-1": "no-worker", "sleep-1": "sleeping",
@@ -83,7 +70,7 @@ async def test_blocked_reason_in_sql_agrees_with_app_blocked(store):
 
 async def test_filters_sorts_counts_and_pages(store):
     for i in range(7):
-        await _admit(store, f"e-{i}", "w-a" if i % 2 else "w-b")
+        await admit(store, "w-a" if i % 2 else "w-b", f"e-{i}")
         await store.pool.execute(
             "UPDATE executions SET unacknowledged_deliveries = $2, "
             "admitted_at = now() - make_interval(mins => $3) WHERE execution_id = $1",
@@ -106,7 +93,7 @@ async def test_filters_sorts_counts_and_pages(store):
 
 
 async def test_status_counts_are_healed(store):
-    await _admit(store, "x-1", "w")
+    await admit(store, "w", "x-1")
     await _claim(store, "w")
     assert await store.dashboard.status_counts() == {"running": 1}
     await store.pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 s'")
