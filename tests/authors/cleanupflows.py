@@ -2,14 +2,14 @@
 items 1 and 2). Run by real `fencepost worker` processes
 (`--workflows tests.authors.cleanupflows`) and by in-process workers; every
 workflow ID starts with `clean-`. Step functions leave evidence with
-tests.acceptance.flows.mark (files, so they survive a process)."""
+tests.worker_processes.flows.mark (files, so they survive a process)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from app.sdk import Cancelled, DeadlineExceeded, WorkflowContext, workflow
-from tests.acceptance.flows import mark
+from tests.worker_processes.flows import mark
 
 
 def reserve(eid: str) -> str:

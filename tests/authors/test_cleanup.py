@@ -15,8 +15,12 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import LEASE_SECONDS, Harness, opened
+from tests.support.harness import (
+    LEASE_SECONDS,
+    Harness,
+    opened,
+    pytest_runtest_makereport,  # noqa: F401
+)
 
 pytestmark = pytest.mark.timeout(60)
 

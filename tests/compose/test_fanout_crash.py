@@ -3,8 +3,8 @@ processes are killed (SIGKILL) and restarted during the run: every child
 terminal, each started once (exactly 50 child rows), every step recorded
 once (events), and the parent's result aggregates all 50 child results.
 
-Uses tests/acceptance/harness.py (read-only) with a worker command that
-loads tests.compose.flows instead of the acceptance flows.
+Uses tests/support/harness.py (read-only) with a worker command that
+loads tests.compose.flows instead of tests.worker_processes.flows.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import (
+from tests.support.harness import (
     TERMINAL,
     Harness,
     WorkerProcess,
@@ -27,7 +27,7 @@ PARENT = "cmp-fan-1"
 
 
 class ComposeHarness(Harness):
-    """The acceptance harness, with workers running tests.compose.flows."""
+    """The worker-process harness, with workers running tests.compose.flows."""
 
     flows_module = "tests.compose.flows"
     worker_prefix = "cmp-worker"

@@ -1,6 +1,6 @@
 """Fixtures for the hardening tests: workflow code that hangs, swallows
 errors or outlives its lease, run by in-process workers (`workers`) and by
-real `fencepost worker` processes (`harness`, see tests/acceptance/harness.py).
+real `fencepost worker` processes (`harness`, see tests/support/harness.py).
 
   hard_settings  lease 1 s, renewal 0.2 s, poll 0.2 s, redelivery 0.05..0.5 s
   store          ExecutionStore on the test pool
@@ -18,9 +18,8 @@ import pytest_asyncio
 from app.registry import load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
-from tests.acceptance.conftest import make_harness, pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import Harness, opened
 from tests.hardening import flows
+from tests.support.harness import Harness, make_harness, opened, pytest_runtest_makereport  # noqa: F401
 from tests.support.timing import quick_settings
 from tests.support.workers import InProcessWorkers
 

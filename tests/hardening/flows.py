@@ -3,7 +3,7 @@ runs steps in `finally:`, effects that raise transport errors, results too
 large to store. Used by real `fencepost worker` processes
 (`--workflows tests.hardening.flows`) and by in-process workers; every
 workflow ID starts with `hard-`. Step functions leave evidence with
-tests.acceptance.flows.mark (files, so they survive a process)."""
+tests.worker_processes.flows.mark (files, so they survive a process)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import time
 
 from app.sdk import RetryPolicy, WorkflowContext, workflow
-from tests.acceptance.flows import mark, run_step
+from tests.worker_processes.flows import mark, run_step
 
 # In-process tests count calls here (a worker process counts in files).
 CALLS: dict[str, int] = {}

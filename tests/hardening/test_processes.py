@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.acceptance.harness import CANCEL_GRACE_SECONDS, LEASE_SECONDS, Harness
+from tests.support.harness import CANCEL_GRACE_SECONDS, LEASE_SECONDS, Harness
 
 
 async def _ended_at(h: Harness, eid: str, kind: str):

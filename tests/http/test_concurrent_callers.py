@@ -18,9 +18,9 @@ import httpx
 import pytest_asyncio
 
 from app.shared_settings import SHARED
-from tests.acceptance.harness import DEFAULT_SETTINGS, Harness
 from tests.http.conftest import api_settings
 from tests.support.api_process import ApiProcess
+from tests.support.harness import DEFAULT_SETTINGS, Harness
 from tests.support.races import RowLock
 
 FLOWS = "tests.http.concurrent_flows"

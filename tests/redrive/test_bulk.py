@@ -13,9 +13,12 @@ import pytest
 import pytest_asyncio
 
 from app.store import ExecutionStore
-from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import Harness, opened
 from tests.support.admission import admit
+from tests.support.harness import (
+    Harness,
+    opened,
+    pytest_runtest_makereport,  # noqa: F401
+)
 from tests.support.history import events_of
 from tests.support.responses import assert_error
 from tests.support.waiting import wait_status, wait_until

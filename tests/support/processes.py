@@ -1,6 +1,6 @@
 """Real `fencepost worker` processes for tests: start one, signal it (SIGKILL,
 SIGSTOP/SIGCONT, SIGTERM), read its log, and always kill it in teardown
-(continuing a stopped one first). Used by the acceptance, operator and
+(continuing a stopped one first). Used by the worker-process, operator and
 compose suites, each with its own workflows module and timings."""
 
 from __future__ import annotations

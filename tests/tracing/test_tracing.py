@@ -18,16 +18,21 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from app import tracing
 from app.registry import load_workflows
 from app.store import ExecutionStore
-from tests.acceptance.conftest import pytest_runtest_makereport  # noqa: F401
-from tests.acceptance.harness import LEASE_SECONDS, Harness, opened, steps_spec
 from tests.support.asgi import asgi_client
+from tests.support.harness import (
+    LEASE_SECONDS,
+    Harness,
+    opened,
+    pytest_runtest_makereport,  # noqa: F401
+    steps_spec,
+)
 from tests.support.timing import quick_settings
 from tests.support.waiting import wait_status
 from tests.support.workers import InProcessWorkers
 
 pytestmark = pytest.mark.timeout(90)
 
-WORKFLOWS = load_workflows(["tests.acceptance.flows"])
+WORKFLOWS = load_workflows(["tests.worker_processes.flows"])
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER = "00f067aa0ba902b7"
 

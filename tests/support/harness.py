@@ -1,4 +1,6 @@
-"""A small harness for acceptance tests with real `fencepost worker` processes.
+"""A small harness for tests with real `fencepost worker` processes (crashed,
+paused, stopped, their database restarted: tests/worker_processes, and the
+folders that borrow it).
 
     h = Harness(database_url, tmp_dir)
     await h.open()
@@ -10,11 +12,12 @@
     await h.close()                                   # kills leftovers (SIGCONT first)
 
 Every worker runs `python -m app.cli worker` with the repository root on
-PYTHONPATH (so `tests.acceptance.flows` imports), short timing settings
+PYTHONPATH (so `tests.worker_processes.flows` imports), short timing settings
 (lease 2 s, renew 0.5 s, poll 0.2 s, redelivery 0.1 s..1 s, grace 5 s; each can
 be overridden per worker) and its stdout+stderr in `<tmp>/logs/<name>.log`.
-`h.logs()` returns every log, for dumping when a test fails (the `harness`
-fixture in conftest.py does that).
+`h.logs()` returns every log, for dumping when a test fails (`make_harness`
+and `opened` below do that; a conftest imports this module's report hook,
+`pytest_runtest_makereport`, so they can tell).
 
 Step functions in flows.py leave files in `<tmp>/marks`; `h.calls()` reads them.
 Database reads go through `h.store` (ExecutionStore: healed reads) and a few
@@ -32,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
+import pytest_asyncio
 
 from app.db import create_pool
 from app.settings import Settings
@@ -44,7 +49,7 @@ from tests.support.processes import (  # noqa: F401 - re-exported for the tests
 )
 from tests.support.waiting import DB_ERRORS, wait_until
 
-FLOWS_MODULE = "tests.acceptance.flows"
+FLOWS_MODULE = "tests.worker_processes.flows"
 
 # Short timings so a lost lease is taken over in about two seconds.
 DEFAULT_SETTINGS: dict[str, str] = {
@@ -230,12 +235,47 @@ def steps_spec(*keys: str, seconds: float = 0.0, **overrides: dict) -> dict:
 async def opened(harness: Harness, request) -> AsyncIterator[Harness]:
     """`harness` open for one test: closed after it (its workers killed), and
     its workers' logs printed when the test failed (`request`: the test's
-    fixture request; tests.acceptance.conftest's report hook must be loaded)."""
+    fixture request; this module's report hook must be loaded by a conftest)."""
     await harness.open()
     try:
         yield harness
     finally:
         await harness.close()
-        report = getattr(request.node, "_acc_report_call", None)
+        report = getattr(request.node, REPORT_ATTR + "call", None)
         if report is None or report.failed:
             print(harness.logs())
+
+
+# The test's report of each phase, kept on its item by the hook below, so the
+# teardown can tell a failed test (print the workers' logs) from a passed one.
+REPORT_ATTR = "_harness_report_"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"{REPORT_ATTR}{report.when}", report)
+    return report
+
+
+@pytest_asyncio.fixture
+async def make_harness(request, tmp_path) -> AsyncIterator[Callable]:
+    """`await make_harness(url)`: an open Harness on any database (e.g. an embedded
+    server the test restarts); every one is closed after the test (its workers
+    killed, SIGCONT first), and their logs printed when the test failed."""
+    made: list[Harness] = []
+
+    async def make(url: str) -> Harness:
+        h = Harness(url, tmp_path / f"h{len(made)}")
+        made.append(h)
+        return await h.open()
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            await h.close()
+        report = getattr(request.node, REPORT_ATTR + "call", None)
+        if report is None or report.failed:
+            for h in made:
+                print(h.logs())

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.acceptance.harness import LEASE_SECONDS, Harness, steps_spec
+from tests.support.harness import LEASE_SECONDS, Harness, steps_spec
 
 pytestmark = pytest.mark.acceptance
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from app.migrate import upgrade
-from tests.acceptance.harness import steps_spec
+from tests.support.harness import steps_spec
 
 pytestmark = pytest.mark.acceptance
 

@@ -1,5 +1,5 @@
-"""Workflows for the acceptance tests, run by real `fencepost worker` processes
-(`--workflows tests.acceptance.flows`). Every workflow ID starts with `acc-`.
+"""Workflows run by real `fencepost worker` processes in these tests
+(`--workflows tests.worker_processes.flows`). Every workflow ID starts with `acc-`.
 
 Step functions leave evidence as files in the directory named by the
 `ACC_MARK_DIR` environment variable: one small JSON file per event

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.acceptance.harness import LEASE_SECONDS, Harness, steps_spec
+from tests.support.harness import LEASE_SECONDS, Harness, steps_spec
 
 pytestmark = pytest.mark.acceptance
 
