@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -21,14 +22,22 @@ EXECUTION_ID_PATTERN = r"^[A-Za-z0-9._:~-]{1,1000}$"
 Status = Literal[STATUSES]  # type: ignore[valid-type]
 
 
+# A date and time with its offset (RFC 3339, the schema's date-time).
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+TIME_RULE = "give a date and time with its offset, for example 2026-01-01T00:00:00Z"
+
+
 def _time_string(value: Any) -> Any:
-    """Times travel as RFC 3339 strings, as documented; pydantic alone would
-    also read numbers as Unix timestamps."""
-    if value is not None and not isinstance(value, str):
-        raise ValueError("give a time as an RFC 3339 string, for example 2026-01-01T00:00:00Z")
+    """Times travel as RFC 3339 strings, as documented: pydantic alone would
+    also read a number, or a string of digits, as a Unix timestamp, and a
+    time without an offset as naive."""
+    if value is not None and not (isinstance(value, str) and _RFC3339.fullmatch(value)):
+        raise ValueError(TIME_RULE)
     return value
 
 
+# A date-time in a body or a query parameter (each query value is a string).
 TimeString = Annotated[datetime, BeforeValidator(_time_string)]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC
 from enum import Enum
 from typing import Annotated, Literal
 
@@ -40,6 +40,7 @@ from app.api.models import (
     ExecutionPage,
     ExecutionRecord,
     Status,
+    TimeString,
     WakeAnswer,
     WakeRequest,
     record,
@@ -216,10 +217,10 @@ async def list_executions(
     parent_execution_id: Annotated[
         str | None, Query(alias="parentExecutionId", pattern=EXECUTION_ID_PATTERN)
     ] = None,
-    admitted_after: Annotated[datetime | None, Query(
+    admitted_after: Annotated[TimeString | None, Query(
         alias="admittedAfter", description="only executions admitted at or after this time "
         "(with a time zone offset)")] = None,
-    admitted_before: Annotated[datetime | None, Query(
+    admitted_before: Annotated[TimeString | None, Query(
         alias="admittedBefore", description="only executions admitted before this time "
         "(with a time zone offset)")] = None,
     blocked_by: Annotated[BlockedReason | None, Query(
