@@ -152,11 +152,17 @@ def _resolution(body: dict) -> None:
     ]
 
 
-def _some_condition(body: dict) -> None:
+def _bulk_operation(body: dict) -> None:
     # A bulk operation over "every execution" is refused: the filter names
     # at least one condition (a property that is not null).
     conditions = body["properties"]["filter"]
     conditions["anyOf"] = [_given(name) for name in conditions["properties"]]
+    # A resolution of fail records `error`: it is given and not null.
+    [resolution] = [s for s in body["properties"]["resolution"]["anyOf"]
+                    if s.get("type") == "object"]
+    fail = {"required": ["action"], "properties": {"action": {"const": "fail"}}}
+    resolution["if"] = fail
+    resolution["then"] = _given("error")
 
 
 # One cron field: `*` or a comma-separated list of `n`, `a-b`, with an
@@ -179,7 +185,7 @@ STATED_RULES = {
     "admitExecution": _either_deadline_or_timeout,
     "redriveExecution": _either_deadline_or_timeout,
     "resolveStep": _resolution,
-    "createOperation": _some_condition,
+    "createOperation": _bulk_operation,
     "createSchedule": _schedule,
 }
 

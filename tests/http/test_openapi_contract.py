@@ -16,7 +16,7 @@ from app import cron
 from app.api.app import create_app
 from app.api.openapi import CRON_PATTERN, LINKS, OPERATION_IDS, TIMEZONE_PATTERN
 from app.settings import Settings
-from tests.http.helpers import assert_error
+from tests.support.responses import assert_error
 
 SCHEMA = create_app(Settings(database_url="postgresql://unused/none", workflows="")).openapi()
 OPERATIONS = {(method, path): op for path, ops in SCHEMA["paths"].items()
@@ -98,6 +98,36 @@ def test_a_resolution_states_which_fields_go_with_which_action(body, valid) -> N
 ])
 def test_a_bulk_operation_states_that_its_filter_names_a_condition(body, valid) -> None:
     assert _body_validator("createOperation").is_valid(body) is valid
+
+
+_NOTHING = {"workflowId": "nothing-here"}
+
+
+@pytest.mark.parametrize(("body", "valid"), [
+    ({"action": "resolve", "filter": _NOTHING, "resolution": {"action": "fail", "error": None}},
+     False),
+    ({"action": "resolve", "filter": _NOTHING, "resolution": {"action": "fail"}}, False),
+    ({"action": "cancel", "filter": _NOTHING, "resolution": {"action": "fail", "error": None}},
+     False),
+    ({"action": "resolve", "filter": _NOTHING,
+      "resolution": {"action": "fail", "error": {"name": "E"}}}, True),
+    ({"action": "resolve", "filter": _NOTHING, "resolution": {"action": "retry"}}, True),
+    ({"action": "resolve", "filter": _NOTHING, "resolution": {"error": None}}, True),
+    ({"action": "resolve", "filter": _NOTHING, "resolution": None}, True),
+    ({"action": "resolve", "filter": _NOTHING}, True),
+])
+async def test_a_bulk_resolution_states_that_fail_needs_an_error(client, body, valid) -> None:
+    """A bulk operation's resolution of `fail` records `error` (not null):
+    the schema says so, and the server holds every request to it, a dry run
+    included (a dry run answers what the request itself would be)."""
+    assert _body_validator("createOperation").is_valid(body) is valid
+    for dry_run in (True, False):
+        r = await client.post("/v1/operations", json={**body, "dryRun": dry_run})
+        if valid:
+            assert r.status_code == (200 if dry_run else 202), (body, r.status_code, r.text)
+        else:
+            assert_error(r, 422, "INVALID_REQUEST")
+            assert "resolution: fail needs error" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("expression", ["0 2 * * *", "*/15 * * * *", "0 9 * * MON-fri",

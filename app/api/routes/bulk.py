@@ -53,7 +53,8 @@ class OperationFilter(Camel):
     status: Status | None = None
     admitted_from: TimeString | None = Field(None, description="admittedAt at or after (RFC 3339).")
     admitted_to: TimeString | None = Field(None, description="admittedAt before (RFC 3339).")
-    min_unacknowledged_deliveries: int | None = Field(None, ge=0, le=2**31 - 1)
+    # strict: a JSON boolean is not a count (false would read as 0).
+    min_unacknowledged_deliveries: int | None = Field(None, ge=0, le=2**31 - 1, strict=True)
     execution_ids: list[Annotated[str, Field(pattern=EXECUTION_ID_PATTERN)]] | None = Field(
         None, min_length=1, max_length=10_000)
 
@@ -71,7 +72,9 @@ class OperationRequest(Camel):
     action: Literal["cancel", "redrive", "resume", "resolve"]
     filter: OperationFilter = Field(description="At least one condition; the executions it "
                                     "matches when the operation is created are its items.")
-    dry_run: bool = Field(False, description="Answer the count and a sample; act on nothing.")
+    # strict: only true or false (0 would read as false and act on every match).
+    dry_run: bool = Field(False, strict=True,
+                          description="Answer the count and a sample; act on nothing.")
     reason: str | None = Field(None, max_length=2000)
     by: str | None = Field(None, max_length=200)
     from_step: str | None = Field(None, pattern=ID_PATTERN, description="redrive: fromStep.")
@@ -141,6 +144,11 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
         if when is not None and when.tzinfo is None:
             raise ApiError(422, "INVALID_REQUEST", "admittedFrom / admittedTo: give a time "
                            "zone offset (for example 2026-01-01T00:00:00Z)")
+    # A resolution of fail records its error, whatever the action: a request
+    # the schema calls invalid is refused, a dry run's included.
+    if (req.resolution is not None and req.resolution.action == "fail"
+            and req.resolution.error is None):
+        raise ApiError(422, "INVALID_REQUEST", "resolution: fail needs error {name, message}")
     if req.dry_run:
         matched, sample = await store.operations.preview_operation(spec)
         return JSONResponse({"dryRun": True, "matched": matched, "sample": sample})
@@ -150,8 +158,6 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
                                      ("timeoutSeconds", req.timeout_seconds)) if v is not None}
     if req.action == "resolve":
         resolution = req.resolution or BulkResolution()
-        if resolution.action == "fail" and resolution.error is None:
-            raise ApiError(422, "INVALID_REQUEST", "resolution: fail needs error {name, message}")
         options = {"resolution": jsonable_encoder(resolution.model_dump(exclude_none=False))}
     record = await start_operation(store, req.action, spec, actor(principal, req.by),
                                    options=options, reason=req.reason,
