@@ -56,7 +56,10 @@ def check_params(workflows: Mapping[str, Any] | None, workflow_id: str, params: 
 
 
 def step_not_found(execution_id: str, step: str | None, wording: Wording = API) -> CommandError:
-    return CommandError(404, "STEP_NOT_FOUND", sentence(
+    """The request's fromStep names no recorded step. 422, not 404: the
+    execution the path names exists; the body is what is wrong (the code
+    stays STEP_NOT_FOUND, which is what clients map)."""
+    return CommandError(422, "STEP_NOT_FOUND", sentence(
         f"execution {execution_id!r} has no recorded step {step!r}", wording.recorded_steps))
 
 

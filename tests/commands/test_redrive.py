@@ -56,7 +56,7 @@ async def test_a_completed_execution_needs_a_step_to_redrive_from(store, workers
                       "REDRIVE_NEEDS_FROM_STEP")
     assert e.message.startswith("execution 'c1' completed; choose the step")
     e = await refused(retry.redrive(store, "c1", "alice", from_step="nope"),
-                      404, "STEP_NOT_FOUND")
+                      422, "STEP_NOT_FOUND")
     assert e.message.startswith("execution 'c1' has no recorded step 'nope'")
 
 
@@ -74,7 +74,7 @@ async def test_forking_a_missing_execution_is_not_found(store) -> None:
 
 async def test_forking_from_a_missing_step_is_step_not_found(store, workers) -> None:
     await waiting(store, workers, "f1")
-    await refused(_fork(store, "f1", from_step="nope"), 404, "STEP_NOT_FOUND")
+    await refused(_fork(store, "f1", from_step="nope"), 422, "STEP_NOT_FOUND")
 
 
 async def test_forking_under_a_taken_id_is_a_conflict(store, workers) -> None:

@@ -82,7 +82,7 @@ async def test_from_step_on_a_completed_execution_reruns_exactly_the_steps_from_
     await wait_status(store, eid, "completed")
     assert_error(await api.post(f"/v1/executions/{eid}/redrive"), 409, "REDRIVE_NEEDS_FROM_STEP")
     assert_error(await api.post(f"/v1/executions/{eid}/redrive", json={"fromStep": "nope"}),
-                 404, "STEP_NOT_FOUND")
+                 422, "STEP_NOT_FOUND")
 
     r = await api.post(f"/v1/executions/{eid}/redrive",
                        json={"fromStep": "charge", "timeoutSeconds": 600})
@@ -207,5 +207,5 @@ async def test_a_fork_copies_exactly_the_steps_before_from_step(
                                 json={"fromStep": "ship", "executionId": "a~b"}),
                  422, "RESERVED_EXECUTION_ID")
     assert_error(await api.post(f"/v1/executions/{eid}/fork", json={"fromStep": "nope"}),
-                 404, "STEP_NOT_FOUND")
+                 422, "STEP_NOT_FOUND")
     assert_error(await api.post(f"/v1/executions/{eid}/fork", json={}), 422, "INVALID_REQUEST")

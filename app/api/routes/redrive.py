@@ -93,10 +93,10 @@ class Fork(Camel):
     "what was recorded after it run again, completed steps before it replay",
     openapi_extra=_optional_body_schema(RedriveRequest),
     responses={**ERRORS,
-               404: refusal("EXECUTION_NOT_FOUND / STEP_NOT_FOUND"),
+               404: refusal("EXECUTION_NOT_FOUND"),
                409: refusal("EXECUTION_NOT_ENDED / REDRIVE_NEEDS_FROM_STEP"),
-               422: refusal("INVALID_REQUEST / DEADLINE_IN_THE_PAST / "
-                            "INVALID_EXECUTION_EVENT")},
+               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND: fromStep names no recorded "
+                            "step / DEADLINE_IN_THE_PAST / INVALID_EXECUTION_EVENT")},
 )
 async def redrive(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                   principal: Waker):
@@ -121,9 +121,10 @@ assert EXECUTION_ID_PATTERN.endswith(f"{{1,{commands.MAX_EXECUTION_ID}}}$")
     "`fromStep`; the rest runs again under the new ID (new idempotency keys)",
     openapi_extra=_body_schema(ForkRequest),
     responses={**ERRORS,
-               404: refusal("EXECUTION_NOT_FOUND / STEP_NOT_FOUND"),
+               404: refusal("EXECUTION_NOT_FOUND"),
                409: refusal("EXECUTION_ID_CONFLICT"),
-               422: refusal("INVALID_REQUEST / RESERVED_EXECUTION_ID / INVALID_PARAMS / "
+               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND: fromStep names no recorded "
+                            "step / RESERVED_EXECUTION_ID / INVALID_PARAMS / "
                             "INVALID_EXECUTION_EVENT")},
 )
 async def fork(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
