@@ -23,7 +23,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 from pydantic import ValidationError
@@ -67,6 +67,18 @@ from app.store import (
 
 log = logging.getLogger("fencepost.worker")
 
+# How a delivery's final write ends it: acknowledged with a status, released
+# for a retry, or parked with its effect's outcome unknown.
+Acknowledgement = Literal["suspended", "completed", "failed", "cancelled", "timed_out"]
+Ending = Acknowledgement | Literal["retry", "park"]
+
+# A release at shutdown that finds its lease taken over, or the database
+# gone, leaves the execution to the lease's expiry.
+_RELEASE_GIVEN_UP: tuple[type[BaseException], ...] = (LeaseLost, *INFRASTRUCTURE_ERRORS)
+# Errors after which the listener reconnects.
+_LISTEN_LOST: tuple[type[BaseException], ...] = (
+    *INFRASTRUCTURE_ERRORS, asyncpg.PostgresError, TimeoutError)
+
 # How long a busy worker gathers freed slots before claiming; an idle worker
 # claims at once (start latency), a busy one in batches (fewer statements).
 CLAIM_BATCH_SECONDS = 0.003
@@ -85,6 +97,12 @@ class Running:
     enforcing: asyncio.TimerHandle | None = None
     # The final write, once started: the drain waits for it, never releases under it.
     finishing: asyncio.Future | None = None
+
+
+def _model_name(definition: WorkflowDefinition) -> str:
+    """The name of the workflow's params model (only a model refuses params)."""
+    model = definition.params_model
+    return model.__name__ if model is not None else "its params"
 
 
 def _ids(lease: Lease) -> dict:
@@ -144,6 +162,20 @@ class Worker:
         self.log = Fields(log, {"worker_id": self.worker_id})
         METRICS.init_workflows(workflows)
         METRICS.capacity.set(concurrency)
+
+    @property
+    def _db(self) -> ExecutionStore:
+        """The store on the main pool: set by `run()` before any task that uses it."""
+        if self.store is None:
+            raise RuntimeError("the worker is not running")
+        return self.store
+
+    @property
+    def _control_db(self) -> ExecutionStore:
+        """The store on the control pool (renewals, heartbeats), set with `_db`."""
+        if self.control is None:
+            raise RuntimeError("the worker is not running")
+        return self.control
 
     # ----------------------------------------------------------------- control
 
@@ -248,12 +280,14 @@ class Worker:
         """Take this worker's ID, unless another live worker holds it (two
         processes under one ID would renew, and report, each other's work).
         A holder on this host whose process is gone is dead: its ID is free."""
-        me = {"host": socket.gethostname(), "pid": os.getpid(),
-              "workflows": sorted(self.workflows), "concurrency": self.concurrency}
-        holder = await self.store.workers.register_worker(
-            self.worker_id, **me, live_within_seconds=3 * self.settings.renew_seconds + 1)
-        if holder is not None and holder["host"] == me["host"] and not _pid_alive(holder["pid"]):
-            holder = await self.store.workers.register_worker(self.worker_id, **me)
+        host, workflows = socket.gethostname(), sorted(self.workflows)
+        holder = await self._db.workers.register_worker(
+            self.worker_id, host=host, pid=os.getpid(), workflows=workflows,
+            concurrency=self.concurrency, live_within_seconds=3 * self.settings.renew_seconds + 1)
+        if holder is not None and holder["host"] == host and not _pid_alive(holder["pid"]):
+            holder = await self._db.workers.register_worker(
+                self.worker_id, host=host, pid=os.getpid(), workflows=workflows,
+                concurrency=self.concurrency)
         if holder is not None:
             raise ConfigurationError(
                 f"worker ID {self.worker_id!r} is already held by a live worker (host "
@@ -292,11 +326,11 @@ class Worker:
                 await asyncio.gather(running.finishing, return_exceptions=True)
                 continue
             try:
-                await self.store.leases.release(running.lease)
+                await self._db.leases.release(running.lease)
                 METRICS.unacknowledged_deliveries.inc()
                 self.log.info("released %s (token %d) at shutdown", running.lease.execution_id,
                               running.lease.token, extra=_ids(running.lease))
-            except (LeaseLost, *INFRASTRUCTURE_ERRORS):
+            except _RELEASE_GIVEN_UP:
                 pass
 
     # ----------------------------------------------------------------- claimer
@@ -306,8 +340,7 @@ class Worker:
         workflow_ids = sorted(self.workflows)
         # Each workflow's cleanup window in this worker's code, written on
         # the rows it claims (the store bounds cleanup deliveries with it).
-        cleanup_seconds = [self.workflows[w].cancel_grace
-                           if self.workflows[w].cancel_grace is not None
+        cleanup_seconds = [grace if (grace := self.workflows[w].cancel_grace) is not None
                            else self.settings.cancel_grace_seconds for w in workflow_ids]
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
@@ -319,7 +352,7 @@ class Worker:
             self._wakeup.clear()
             if free > 0:
                 try:
-                    deliveries = await self.store.leases.claim_due(
+                    deliveries = await self._db.leases.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids,
                         cleanup_seconds,
                     )
@@ -346,11 +379,12 @@ class Worker:
         # A first claim of an execution that was not forked finds nothing
         # recorded (no holder came before it): there is nothing to read.
         replays = [d.lease.execution_id for d in deliveries if d.has_history]
-        none_yet = {d.lease.execution_id: {} for d in deliveries}
+        none_yet: dict[str, dict[str, StepRecord]] = {d.lease.execution_id: {}
+                                                      for d in deliveries}
         if not replays:
             return none_yet
         try:
-            return {**none_yet, **await self.store.history.steps(replays)}
+            return {**none_yet, **await self._db.history.steps(replays)}
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
@@ -431,7 +465,7 @@ class Worker:
         definition = self.workflows[delivery.workflow_id]
         if steps is None:
             try:
-                steps = (await self.store.history.steps([eid])).get(eid, {})
+                steps = (await self._db.history.steps([eid])).get(eid, {})
             except Exception as exc:
                 if not is_infrastructure(exc):
                     raise
@@ -444,10 +478,10 @@ class Worker:
         except ValidationError as exc:
             await self._finish(lease, "failed", error={
                 "name": "InvalidParams",
-                "message": f"params no longer match {definition.params_model.__name__}: {exc}",
+                "message": f"params no longer match {_model_name(definition)}: {exc}",
             })
             return
-        ctx = WorkflowContext(self.store, delivery, steps, definition, params, self.workflows,
+        ctx = WorkflowContext(self._db, delivery, steps, definition, params, self.workflows,
                               max_payload_bytes=self.settings.max_payload_bytes)
         running = self._running.get(eid)
         if running is not None and running.lease.token == lease.token:
@@ -472,7 +506,8 @@ class Worker:
                 # Stopped by this worker as its cleanup window closed after a
                 # cancel or the deadline (the code's `finally:` may have met the
                 # latch meanwhile): the fenced acknowledgement says so.
-                kind = "cancelled" if running.forced == "cancel" else "timed_out"
+                kind: Acknowledgement = ("cancelled" if running.forced == "cancel"
+                                         else "timed_out")
                 await self._finish(lease, kind, error={
                     "name": "Cancelled" if kind == "cancelled" else "DeadlineExceeded",
                     "message": "the workflow code did not finish before its cleanup window "
@@ -503,9 +538,9 @@ class Worker:
                                "the workflow code changed incompatibly",
                 })
             elif problem is not None:
-                kind, why = problem
+                fault, why = problem
                 await self._finish(lease, "failed", error={
-                    "name": "ResultNotJSON" if kind == "not-json" else "ResultTooLarge",
+                    "name": "ResultNotJSON" if fault == "not-json" else "ResultTooLarge",
                     "message": f"the workflow returned a value that cannot be recorded: {why}",
                 })
             else:
@@ -538,7 +573,7 @@ class Worker:
         self.log.info("delivery of %s (token %d) stopped: %s", lease.execution_id, lease.token,
                       why, extra=_ids(lease))
 
-    async def _finish(self, lease: Lease, kind: str, *, result: Any = None,
+    async def _finish(self, lease: Lease, kind: Ending, *, result: Any = None,
                       error: dict | None = None, tb: str | None = None,
                       waiting_on: dict | None = None, step_key: str | None = None) -> None:
         """The final write of a delivery, shielded from cancellation; the
@@ -560,26 +595,28 @@ class Worker:
             running.finishing = write
         await asyncio.shield(write)
 
-    async def _write_outcome(self, lease: Lease, kind: str, result: Any, error: dict | None,
+    async def _write_outcome(self, lease: Lease, kind: Ending, result: Any, error: dict | None,
                              tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
         METRICS.deliveries.labels(self._workflow_of(lease), kind).inc()
         try:
             if kind == "retry":
-                settled = await self.store.leases.release(lease, reason=error)
+                settled = await self._db.leases.release(lease, reason=error)
                 METRICS.unacknowledged_deliveries.inc()
                 self._ended(lease, "retry", error, settled)
                 return
             if kind == "park":
-                status = await self.store.effects.park_outcome_unknown(lease, step_key)
+                # A park always names the step whose effect's outcome is unknown.
+                assert step_key is not None
+                status = await self._db.effects.park_outcome_unknown(lease, step_key)
                 self._ended(lease, "park", {"name": "OutcomeUnknown",
                                             "message": f"effect {step_key!r}"}, status)
                 return
             try:
-                ack = await self.store.leases.acknowledge(lease, kind, result=result, error=error,
+                ack = await self._db.leases.acknowledge(lease, kind, result=result, error=error,
                                                    traceback=tb, waiting_on=_jsonable(waiting_on))
             except InvalidEvent as exc:
                 error = {"name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}"}
-                ack = await self.store.leases.acknowledge(lease, "failed", error=error)
+                ack = await self._db.leases.acknowledge(lease, "failed", error=error)
             self._ended(lease, kind, error, ack.status)
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()
@@ -589,7 +626,7 @@ class Worker:
                              extra={**_ids(lease), "kind": "fenced_write_rejected",
                                     "write": f"acknowledge {kind}"})
             await keep_late_observation(
-                self.store, lease, None, {"acknowledge": kind, "result": result}, error)
+                self._db, lease, None, {"acknowledge": kind, "result": result}, error)
         except Exception as exc:
             if not is_infrastructure(exc):
                 raise
@@ -609,10 +646,10 @@ class Worker:
                 pass
             held = {eid: r for eid, r in self._running.items() if not r.lost}
             try:
-                renewed, lost, interrupts = await self.control.leases.renew_with_interrupts(
+                renewed, lost, interrupts = await self._control_db.leases.renew_with_interrupts(
                     [r.lease for r in held.values()], self.settings.lease_seconds
                 )
-                await self.control.workers.heartbeat(self.worker_id)
+                await self._control_db.workers.heartbeat(self.worker_id)
                 backoff.reset()
                 interval = self.settings.renew_seconds
             except Exception as exc:
@@ -668,6 +705,8 @@ class Worker:
     async def _listener(self) -> None:
         """LISTEN for admissions, wakes and signals; polling covers the rest."""
         backoff = Backoff(first=0.5, cap=10.0)
+        # run() opened its pools from this URL first: it is set.
+        assert self.settings.database_url is not None
         dsn = asyncpg_dsn(self.settings.database_url)
         while not self._done.is_set():
             conn = None
@@ -689,7 +728,7 @@ class Worker:
                         raise ConnectionError("the LISTEN connection was closed")
                     if not self._done.is_set():  # a half-open socket shows up here
                         await conn.execute("SELECT 1", timeout=5.0)
-            except (*INFRASTRUCTURE_ERRORS, asyncpg.PostgresError, TimeoutError) as exc:
+            except _LISTEN_LOST as exc:
                 delay = backoff.next()
                 self.log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
