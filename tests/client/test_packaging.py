@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from app.db import asyncpg_dsn
 from app.migrate import head_revision
 from tests.support.api_process import api_env, free_port
 from tests.support.processes import REPO_ROOT
+from tests.support.waiting import wait_until
 
 # The measuring tools' package: the API and the worker must load none of it.
 TOOLING = "app.tools"
@@ -142,17 +142,13 @@ async def _api_log(database_url: str, tmp_path: Path, **env: str) -> str:
             [sys.executable, "-m", "app.cli", "api", "--port", str(port)], cwd=REPO_ROOT,
             env=api_env(database_url, env), stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
             async with httpx.AsyncClient(timeout=2) as http:
-                while True:
+                async def ready() -> bool:
                     assert proc.poll() is None, log_path.read_text()
-                    try:
-                        if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert time.monotonic() < deadline, log_path.read_text()
-                    await asyncio.sleep(0.05)
+                    return (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+
+                await wait_until(ready, timeout=30, interval=0.05, what="the API ready",
+                                 tolerate=(httpx.TransportError,), detail=log_path.read_text)
         finally:
             proc.terminate()
             await asyncio.to_thread(proc.wait, 15)
