@@ -185,7 +185,7 @@ async def test_refusals_are_pages(open_ui):
     assert answer.status == 409, answer.status
     answer = await page.request.post(f"/ui/executions/{eid}/fork",
                                      form={"csrf": csrf, "fromStep": "no-such-step"})
-    assert answer.status == 404 and "STEP_NOT_FOUND" in await answer.text()
+    assert answer.status == 422 and "STEP_NOT_FOUND" in await answer.text()
     answer = await page.request.post(f"/ui/executions/{eid}/redrive", form={"csrf": "forged"})
     assert answer.status == 403 and "CSRF_TOKEN_MISMATCH" in await answer.text()
     assert (await ui.store.history.get(eid))["status"] == "suspended"
