@@ -41,6 +41,19 @@ def _time_string(value: Any) -> Any:
 TimeString = Annotated[datetime, BeforeValidator(_time_string)]
 
 
+def _json_integer(value: Any) -> Any:
+    """An integer as JSON has it: a number without a fraction (2 and 2.0
+    alike), never a boolean (false read as 0) or a string of digits."""
+    if isinstance(value, bool | str):
+        raise ValueError("give a JSON integer")
+    return value
+
+
+# After a field's constraints in its Annotated (so the schema states them as
+# minimum/maximum): Annotated[int, Field(ge=0), JSON_INTEGER].
+JSON_INTEGER = BeforeValidator(_json_integer)
+
+
 class Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 

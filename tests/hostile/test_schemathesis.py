@@ -19,13 +19,12 @@ Three phases, as schemathesis' own runner has them:
 - stateful: call sequences chained by the schema's links from the entry
   points (admission, listing, schedule and operation creation).
 
-Three checks are narrowed, each by operation and error code or component,
-with the reason stated: positive_data_acceptance for refusals of a valid
-request no schema can foresee (REFUSED_VALID); negative_data_rejection and
-ensure_resource_availability for the findings routed to the routes' owner
-(ROUTED, each reproduced by an xfail test at the end of this file). object_level_authorization compares identities schemathesis is
-told are peers; none are configured (ownership has tests/tenancy), so it
-runs without effect.
+One check is narrowed, by operation and error code, with the reason stated:
+positive_data_acceptance for refusals of a valid request no schema can
+foresee (REFUSED_VALID). The findings of earlier runs are fixed, each
+reproduced by a test at the end of this file. object_level_authorization
+compares identities schemathesis is told are peers; none are configured
+(ownership has tests/tenancy), so it runs without effect.
 
 Bounded and reproducible: fixed seeds, no example database.
 """
@@ -44,7 +43,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS as REGISTERED_CHECKS
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
-from schemathesis.core.failures import AcceptedNegativeData, FailureGroup
+from schemathesis.core.failures import FailureGroup
 from schemathesis.generation.drivers import CoverageGenerator
 from schemathesis.generation.feedback import FeedbackSources
 from schemathesis.generation.overrides import Override
@@ -116,6 +115,8 @@ REFUSED_VALID: dict[tuple[str, str], str] = {
        "request arrives" for op in ("admitExecution", "redriveExecution")},
     **{(op, "INVALID_CURSOR"): "a cursor is one this server issued (nextCursor), "
        "not any string" for op in _LISTS},
+    **{(op, "STEP_NOT_FOUND"): "fromStep names a step the execution recorded: its history, "
+       "not its schema" for op in ("forkExecution", "redriveExecution")},
     ("createSchedule", "INVALID_SCHEDULE"): "the schema states a cron expression's shape and "
     "a time zone name's; not that a range runs forwards, a step fits its field, the "
     "expression fires at all (0 0 30 2 *) or the zone is in the system's database",
@@ -141,42 +142,6 @@ def accepts_valid_data(ctx, response, case):
     return positive_data_acceptance(ctx, response, case)
 
 
-def finds_created_resources(ctx, response, case):
-    """ensure_resource_availability, but for fork and redrive naming a step the
-    execution never recorded: a 404 STEP_NOT_FOUND about the body's `fromStep`,
-    not the execution (routed: test_a_fork_from_an_unrecorded_step_is_not_a_404)."""
-    if (operation_id(case) in
-            ("forkExecution", "redriveExecution") and error(response)[0] == "STEP_NOT_FOUND"):
-        return None
-    return ensure_resource_availability(ctx, response, case)
-
-
-# Findings routed to the routes' owner: (operationId, the component
-# negative_data_rejection names) -> the test below that reproduces it. The
-# test is marked xfail(strict=True): once the routes change it passes, and its
-# mark and these entries go.
-ROUTED: dict[tuple[str, str], str] = {
-    ("listExecutions", "`admittedAfter` in query"):
-        "test_a_date_time_query_parameter_refuses_a_number",
-    ("listExecutions", "`admittedBefore` in query"):
-        "test_a_date_time_query_parameter_refuses_a_number",
-    ("createOperation", "in body - dryRun:"): "test_a_bulk_operation_refuses_loose_types",
-    ("createOperation", "in body - filter -> minUnacknowledgedDeliveries:"):
-        "test_a_bulk_operation_refuses_loose_types",
-}
-
-
-def rejects_invalid_data(ctx, response, case):
-    """negative_data_rejection, but for the ROUTED findings."""
-    try:
-        return negative_data_rejection(ctx, response, case)
-    except AcceptedNegativeData as failure:
-        if any(op == operation_id(case) and component in failure.message
-               for op, component in ROUTED):
-            return None
-        raise
-
-
 def operation_id(case) -> str:
     return OPERATION_IDS[(case.operation.method.upper(), case.operation.path)]
 
@@ -193,16 +158,14 @@ def error(response) -> tuple[str | None, str]:
     return found.get("code"), str(found.get("message", ""))
 
 
-# Every check schemathesis has (test_the_run_has_every_check keeps it so), three
+# Every check schemathesis has (test_the_run_has_every_check keeps it so), one
 # of them narrowed as stated above.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance, rejects_invalid_data,
+          response_headers_conformance, response_schema_conformance, negative_data_rejection,
           accepts_valid_data, missing_required_header, unsupported_method,
-          allow_header_conformance, use_after_free, finds_created_resources, ignored_auth,
+          allow_header_conformance, use_after_free, ensure_resource_availability, ignored_auth,
           object_level_authorization]
-NARROWED = {rejects_invalid_data: negative_data_rejection,
-            accepts_valid_data: positive_data_acceptance,
-            finds_created_resources: ensure_resource_availability}
+NARROWED = {accepts_valid_data: positive_data_acceptance}
 
 
 def roles_for(method: str, path: str) -> tuple[str | None, ...]:
@@ -399,8 +362,7 @@ def test_schemathesis_stateful(live: Live, monkeypatch: pytest.MonkeyPatch) -> N
     assert len(seen) >= 15, sorted(seen)
 
 
-# Findings of the run that need a change in the routes (each test states the
-# change; it passes once the change is made, and then must lose its mark).
+# Findings of the run, fixed in the routes: each test reproduces one.
 
 
 def _send(live: Live, method: str, path: str, role: str, **parts):
@@ -413,18 +375,18 @@ def _send(live: Live, method: str, path: str, role: str, **parts):
         asgi.shutdown_lifespans()
 
 
-@pytest.mark.xfail(strict=True, reason="finding (negative_data_rejection): a date-time query "
-                   "parameter takes a number as a Unix time (admittedAfter=0 lists from 1970); "
-                   "the schema says RFC 3339: parse it strictly (app/api/routes/executions.py)")
 def test_a_date_time_query_parameter_refuses_a_number(live: Live) -> None:
-    r = _send(live, "GET", "/v1/executions", "read", query={"admittedAfter": "0"})
-    assert r.status_code == 422, (r.status_code, r.text)
+    for name in ("admittedAfter", "admittedBefore"):
+        for value in ("0", "1767225600", "2026-01-01", "2026-01-01T00:00:00"):
+            r = _send(live, "GET", "/v1/executions", "read", query={name: value})
+            assert r.status_code == 422, (name, value, r.status_code, r.text)
+            assert r.json()["error"]["code"] == "INVALID_REQUEST", r.text
+            assert "2026-01-01T00:00:00Z" in r.json()["error"]["message"], r.text
+        for value in ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5+02:00"):
+            r = _send(live, "GET", "/v1/executions", "read", query={name: value})
+            assert r.status_code == 200, (name, value, r.status_code, r.text)
 
 
-@pytest.mark.xfail(strict=True, reason="finding (negative_data_rejection): a bulk operation "
-                   "takes 0 for dryRun (read as false) and false for "
-                   "filter.minUnacknowledgedDeliveries (read as 0): OperationRequest and "
-                   "OperationFilter need strict types (app/api/routes/bulk.py)")
 def test_a_bulk_operation_refuses_loose_types(live: Live) -> None:
     for body in ({"action": "cancel", "dryRun": 0, "filter": {"workflowId": "nothing-here"}},
                  {"action": "cancel", "dryRun": True,
@@ -433,12 +395,14 @@ def test_a_bulk_operation_refuses_loose_types(live: Live) -> None:
         assert r.status_code == 422, (body, r.status_code, r.text)
 
 
-@pytest.mark.xfail(strict=True, reason="finding (ensure_resource_availability): a fork of an "
-                   "existing execution from a step it never recorded answers 404 STEP_NOT_FOUND, "
-                   "which says the execution the URL names is not found; the body is what "
-                   "names no step: 422 (app/api/routes/redrive.py, and the client's mapping)")
 def test_a_fork_from_an_unrecorded_step_is_not_a_404(live: Live) -> None:
     r = _send(live, "POST", "/v1/executions/{execution_id}/fork", "operate",
               path_parameters={"execution_id": live.seeded.completed},
               body={"fromStep": "never-recorded"})
     assert r.status_code == 422, (r.status_code, r.text)
+    assert r.json()["error"]["code"] == "STEP_NOT_FOUND", r.text
+    r = _send(live, "POST", "/v1/executions/{execution_id}/redrive", "operate",
+              path_parameters={"execution_id": live.seeded.completed},
+              body={"fromStep": "never-recorded"})
+    assert r.status_code == 422, (r.status_code, r.text)
+    assert r.json()["error"]["code"] == "STEP_NOT_FOUND", r.text

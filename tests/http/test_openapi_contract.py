@@ -100,6 +100,14 @@ def test_a_bulk_operation_states_that_its_filter_names_a_condition(body, valid) 
     assert _body_validator("createOperation").is_valid(body) is valid
 
 
+def test_a_bulk_filter_states_its_count_bounds() -> None:
+    [op] = [op for op in OPERATIONS.values() if op["operationId"] == "createOperation"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    [count] = [s for s in body["properties"]["filter"]["properties"]
+               ["minUnacknowledgedDeliveries"]["anyOf"] if s.get("type") == "integer"]
+    assert (count["minimum"], count["maximum"]) == (0, 2**31 - 1), count
+
+
 _NOTHING = {"workflowId": "nothing-here"}
 
 

@@ -28,6 +28,7 @@ from app.api.errors import ApiError
 from app.api.models import (
     EXECUTION_ID_PATTERN,
     ID_PATTERN,
+    JSON_INTEGER,
     Camel,
     Status,
     TimeString,
@@ -53,8 +54,8 @@ class OperationFilter(Camel):
     status: Status | None = None
     admitted_from: TimeString | None = Field(None, description="admittedAt at or after (RFC 3339).")
     admitted_to: TimeString | None = Field(None, description="admittedAt before (RFC 3339).")
-    # strict: a JSON boolean is not a count (false would read as 0).
-    min_unacknowledged_deliveries: int | None = Field(None, ge=0, le=2**31 - 1, strict=True)
+    min_unacknowledged_deliveries: Annotated[
+        int, Field(ge=0, le=2**31 - 1), JSON_INTEGER] | None = None
     execution_ids: list[Annotated[str, Field(pattern=EXECUTION_ID_PATTERN)]] | None = Field(
         None, min_length=1, max_length=10_000)
 

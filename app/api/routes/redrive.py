@@ -95,8 +95,9 @@ class Fork(Camel):
     responses={**ERRORS,
                404: refusal("EXECUTION_NOT_FOUND"),
                409: refusal("EXECUTION_NOT_ENDED / REDRIVE_NEEDS_FROM_STEP"),
-               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND: fromStep names no recorded "
-                            "step / DEADLINE_IN_THE_PAST / INVALID_EXECUTION_EVENT")},
+               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND / DEADLINE_IN_THE_PAST / "
+                            "INVALID_EXECUTION_EVENT: STEP_NOT_FOUND when fromStep names no "
+                            "recorded step")},
 )
 async def redrive(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                   principal: Waker):
@@ -123,9 +124,9 @@ assert EXECUTION_ID_PATTERN.endswith(f"{{1,{commands.MAX_EXECUTION_ID}}}$")
     responses={**ERRORS,
                404: refusal("EXECUTION_NOT_FOUND"),
                409: refusal("EXECUTION_ID_CONFLICT"),
-               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND: fromStep names no recorded "
-                            "step / RESERVED_EXECUTION_ID / INVALID_PARAMS / "
-                            "INVALID_EXECUTION_EVENT")},
+               422: refusal("INVALID_REQUEST / STEP_NOT_FOUND / RESERVED_EXECUTION_ID / "
+                            "INVALID_PARAMS / INVALID_EXECUTION_EVENT: STEP_NOT_FOUND when "
+                            "fromStep names no recorded step")},
 )
 async def fork(execution_id: str, request: Request, store: StoreDep, settings: SettingsDep,
                principal: Waker):
