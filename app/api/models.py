@@ -176,13 +176,18 @@ class WorkerView(Camel):
     heartbeat_at: datetime
     stopped_at: datetime | None
     alive: bool
+    maintenance_roles: list[str] = Field(
+        description="The maintenance roles whose lease this worker holds now (unexpired), "
+                    "by name: `sweeps` (the expired-lease reaper, retention and bulk "
+                    "operations) and `schedules <workflows>` (the scheduler of that set of "
+                    "workflows). One worker holds each role; empty on the others.")
 
 
 class WorkerList(Camel):
     workers: list[WorkerView]
 
 
-def worker_view(row: dict) -> dict:
+def worker_view(row: dict, maintenance_roles: list[str]) -> dict:
     return {
         "workerId": row["worker_id"], "host": row["host"], "pid": row["pid"],
         "workflows": row["workflows"], "concurrency": row["concurrency"],
@@ -190,6 +195,7 @@ def worker_view(row: dict) -> dict:
         "inFlight": row["in_flight"],
         "startedAt": row["started_at"], "heartbeatAt": row["heartbeat_at"],
         "stoppedAt": row["stopped_at"], "alive": row["alive"],
+        "maintenanceRoles": maintenance_roles,
     }
 
 

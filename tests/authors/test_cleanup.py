@@ -19,7 +19,6 @@ from tests.support.harness import (
     LEASE_SECONDS,
     Harness,
     opened,
-    pytest_runtest_makereport,  # noqa: F401
 )
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -34,8 +33,8 @@ def c_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool, c_settings: Settings) -> ExecutionStore:
-    return ExecutionStore.from_settings(pool, c_settings)
+def store_settings(c_settings: Settings) -> Settings:
+    return c_settings
 
 
 @pytest_asyncio.fixture

@@ -3,7 +3,7 @@ worker keeps running (it backs off and logs, no side task dies), stops
 claiming, and once the server is back it resumes by itself: the delivery that
 was in flight (its lease expired during the outage) is taken over by the
 ordinary rules, and an execution admitted before the outage completes after
-it. Real processes across a restart: tests/acceptance/test_db_restart.py."""
+it. Real processes across a restart: tests/worker_processes/test_db_restart.py."""
 
 from __future__ import annotations
 

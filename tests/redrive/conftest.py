@@ -49,3 +49,6 @@ async def workers(rd_settings: Settings, store: ExecutionStore) -> AsyncIterator
         yield group
     finally:
         await group.stop_all()
+
+# The harness report hook: a failing test shows its workers' logs.
+from tests.support.harness import pytest_runtest_makereport  # noqa: E402, F401

@@ -17,7 +17,6 @@ from tests.support.admission import admit
 from tests.support.harness import (
     Harness,
     opened,
-    pytest_runtest_makereport,  # noqa: F401
 )
 from tests.support.history import events_of
 from tests.support.responses import assert_error

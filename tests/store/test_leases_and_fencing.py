@@ -7,7 +7,7 @@ Each test is named after the behaviour it checks. Time moves by UPDATE-ing the
 record (tests/support/clocks.py), never by sleeping.
 
 Where a behaviour needs a worker process, its store side is tested here (the
-worker side: tests/sdk/test_dispatch.py and tests/acceptance):
+worker side: tests/sdk/test_dispatch.py and tests/worker_processes):
 
 * A worker crashes: a lease that is neither renewed nor released is not
   handed out before it expires, and is delivered again, with a higher token,

@@ -23,7 +23,6 @@ from tests.support.harness import (
     LEASE_SECONDS,
     Harness,
     opened,
-    pytest_runtest_makereport,  # noqa: F401
     steps_spec,
 )
 from tests.support.timing import quick_settings

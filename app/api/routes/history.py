@@ -29,7 +29,7 @@ from app.api.common import (
 )
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
-from app.api.models import Camel, WorkerView, worker_view
+from app.api.models import WorkerList, worker_view
 
 router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
 
@@ -176,19 +176,7 @@ async def late_observations(
             "nextAfter": page[-1]["observationId"] if len(page) == limit else None}
 
 
-class WorkerWithRoles(WorkerView):
-    maintenance_roles: list[str] = Field(
-        description="The maintenance roles whose lease this worker holds now (unexpired), "
-                    "by name: `sweeps` (the expired-lease reaper, retention and bulk "
-                    "operations) and `schedules <workflows>` (the scheduler of that set of "
-                    "workflows). One worker holds each role; empty on the others.")
-
-
-class WorkerListWithRoles(Camel):
-    workers: list[WorkerWithRoles]
-
-
-@router.get("/v1/workers", response_model=WorkerListWithRoles,
+@router.get("/v1/workers", response_model=WorkerList,
             summary="Live workers and those stopped or silent within the last hour",
             responses={**FORBIDDEN, **UNKNOWN_QUERY, 503: ERRORS[503]},
             dependencies=[STRICT_QUERY])
@@ -197,5 +185,5 @@ async def workers(store: StoreDep, settings: SettingsDep, _: StrictReader):
     roles: dict[str, list[str]] = {}
     for lease in await store.maintenance.leaders():  # unexpired terms, by role
         roles.setdefault(lease.holder, []).append(lease.role)
-    return {"workers": [{**worker_view(r), "maintenanceRoles": roles.get(r["worker_id"], [])}
+    return {"workers": [worker_view(r, roles.get(r["worker_id"], []))
                         for r in rows]}
