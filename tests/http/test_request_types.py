@@ -63,9 +63,14 @@ CASES: dict[type[BaseModel], tuple[dict[str, Any], list[dict[str, Any]]]] = {
 def test_a_request_body_refuses_look_alike_types(model: type[BaseModel]) -> None:
     valid, loose = CASES[model]
     model.model_validate(valid)
-    if model is OperationFilter:  # JSON has no other integer than a number: 2.0 is 2
+    # JSON has no other integer than a number: 2.0 is 2 (and 2.5 is refused)
+    if model is OperationFilter:
         assert OperationFilter.model_validate(
             {"minUnacknowledgedDeliveries": 2.0}).min_unacknowledged_deliveries == 2
+    if model is ScheduleRequest:
+        assert ScheduleRequest.model_validate({**SCHEDULE, "catchUp": 3.0}).catch_up == 3
+        with pytest.raises(ValidationError):
+            ScheduleRequest.model_validate({**SCHEDULE, "catchUp": 2.5})
     accepted = []
     for body in loose:
         try:

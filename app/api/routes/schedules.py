@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from app import cron
@@ -30,7 +30,7 @@ from app.api.common import (
 )
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError
-from app.api.models import ID_PATTERN
+from app.api.models import ID_PATTERN, JSON_INTEGER
 from app.commands import schedules
 from app.commands.schedules import check_schedule_id, schedule_not_found
 from app.registry import SCHEDULE_ID_RE
@@ -66,8 +66,8 @@ class ScheduleRequest(BaseModel):
         description="IANA time zone the cron is read in (e.g. Europe/Warsaw, UTC).",
     )
     params: Any = Field(default_factory=dict, description="Params of every execution (any JSON).")
-    catch_up: StrictInt | None = Field(
-        None, ge=1, le=1000,
+    catch_up: Annotated[int, Field(ge=1, le=1000), JSON_INTEGER] | None = Field(
+        None,
         description="Most missed slots admitted after the schedulers were down; older ones are "
         "skipped with an event. Omitted: the workers' FENCEPOST_SCHEDULE_CATCH_UP (default 1).",
     )
