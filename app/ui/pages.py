@@ -267,9 +267,12 @@ async def workers_page(request: Request) -> Response:
     stale = 3 * settings.renew_seconds + 1
     workers = await store.workers.list_workers(stale_after_seconds=stale)
     leases = await store.dashboard.leases_by_owner()
+    roles: dict[str, list[str]] = {}
+    for term in await store.maintenance.leaders():  # unexpired terms, by role
+        roles.setdefault(term.holder, []).append(term.role)
     now = await store.clock.db_now()
     return render(request, "workers.html", {
-        "workers": workers, "leases": leases, "now": now, "stale": stale,
+        "workers": workers, "leases": leases, "roles": roles, "now": now, "stale": stale,
         "alive": sum(1 for w in workers if w["alive"]),
     }, session=session)
 

@@ -5,6 +5,8 @@ gauge is 1 while its Leadership holds the role, 0 otherwise."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.maintenance import SWEEPS, Leadership, schedules_role
@@ -45,6 +47,13 @@ async def test_the_workers_list_names_the_roles_each_worker_holds_now(
         assert await roles() == {"A": ["schedules a", SWEEPS], "B": ["schedules b"], "C": []}
         await leases.release(sweeps)
         assert await roles() == {"A": ["schedules a"], "B": ["schedules b"], "C": []}
+
+        # The dashboard's workers page says the same, in a column of its own.
+        page = (await api.get("/ui/workers")).raise_for_status().text
+        rows = {m[0]: m[1] for m in re.findall(
+            r"<td><code>(\w)</code></td>.*?<td class=\"roles\">(.*?)</td>", page, re.S)}
+        assert rows == {"A": '<span class="role">schedules a</span> ',
+                        "B": '<span class="role">schedules b</span> ', "C": ""}
 
         schema = (await api.get("/openapi.json")).json()
         ok = schema["paths"]["/v1/workers"]["get"]["responses"]["200"]["content"]

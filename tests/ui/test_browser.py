@@ -249,6 +249,9 @@ async def test_workers_page(open_ui):
     for wf in ("ui-charge", "ui-echo", "ui-sleep"):
         await expect(row.locator(".tag", has_text=wf)).to_have_count(1)
     await expect(row.locator("td.num").nth(1)).to_have_text("4")  # concurrency
+    # The only worker leads both maintenance roles: the sweeps, and its workflows' schedules.
+    await expect(row.locator(".role")).to_have_text(
+        ["schedules ui-charge,ui-echo,ui-ship,ui-sleep", "sweeps"])
     await ui.shot(page, "workers")
     await page.locator("nav a", has_text="Executions").click()
     await expect(page).to_have_url(re.compile(r"/ui$"))
