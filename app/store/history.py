@@ -61,30 +61,12 @@ class History(StoreObject):
         return {r["execution_id"] for r in rows if r["status"] in TERMINAL_STATUSES}
 
 
-    async def list(
-        self,
-        *,
-        status: str | None = None,
-        workflow_id: str | None = None,
-        min_unacknowledged_deliveries: int | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-        admitted_by: str | None = None,
-        parent_execution_id: str | None = None,
-        admitted_after: datetime | None = None,
-        admitted_before: datetime | None = None,
-        blocked_by: str | None = None,
-        live_workflows: set[str] | None = None,
-    ) -> tuple[builtins.list[dict[str, Any]], str | None]:
+    async def list(self, *, limit: int = 50, **filters: Any
+                   ) -> tuple[builtins.list[dict[str, Any]], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
-        Filters apply to the healed view, as `get` reports it."""
-        query, args = self.list_query(
-            status=status, workflow_id=workflow_id,
-            min_unacknowledged_deliveries=min_unacknowledged_deliveries, cursor=cursor,
-            limit=limit, admitted_by=admitted_by, parent_execution_id=parent_execution_id,
-            admitted_after=admitted_after, admitted_before=admitted_before,
-            blocked_by=blocked_by, live_workflows=live_workflows,
-        )
+        `filters`: those of `list_query` (status, workflow_id, cursor, ...);
+        they apply to the healed view, as `get` reports it."""
+        query, args = self.list_query(limit=limit, **filters)
         rows = await self.db.fetch(query, *args)
         page = [dict(r) for r in rows[:limit]]
         next_cursor = None

@@ -35,13 +35,12 @@ from app.store import (
     Acknowledged,
     Admitted,
     Conflict,
-    Delivery,
     ExecutionStore,
     InvalidEvent,
     ReapResult,
 )
 from tests.support.admission import admitting
-from tests.support.claims import claim
+from tests.support.claims import claim, claim_one
 
 LEASE = 30.0  # as `claim` (tests/support/claims.py) takes them
 WORKFLOW = "charge-order"
@@ -54,11 +53,6 @@ WORKFLOW = "charge-order"
 
 admit = admitting(WORKFLOW, params={"orderId": 42})
 
-
-async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
-    claimed = await claim(store, owner)
-    assert list(claimed) == [execution_id], claimed
-    return claimed[execution_id]
 
 
 async def suspended_without_wakes(store: ExecutionStore, execution_id: str) -> None:

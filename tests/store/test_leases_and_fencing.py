@@ -31,7 +31,7 @@ import pytest
 from app.reaper import LeaseReaper
 from app.store import Delivery, ExecutionStore, LeaseLost
 from tests.support.admission import admitting
-from tests.support.claims import claim
+from tests.support.claims import claim, claim_one
 from tests.support.races import Outcomes
 
 LEASE = 30.0  # as `claim` (tests/support/claims.py) takes them
@@ -45,11 +45,6 @@ WORKFLOW = "charge-order"
 
 admit = admitting(WORKFLOW, params={"orderId": 42})
 
-
-async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
-    claimed = await claim(store, owner)
-    assert list(claimed) == [execution_id], claimed
-    return claimed[execution_id]
 
 
 async def reclaimed(store: ExecutionStore, clock, execution_id: str) -> tuple[Delivery, Delivery]:

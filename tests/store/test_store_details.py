@@ -13,13 +13,13 @@ import pytest
 
 from app.reaper import LeaseReaper
 from app.store import (
-    Delivery,
     ExecutionStore,
     InvalidEvent,
     LeaseLost,
     decode_cursor,
 )
 from tests.support.admission import admitting
+from tests.support.claims import claim_one
 
 LEASE = 30.0
 
@@ -39,11 +39,6 @@ HEALED_FIELDS = (
 
 admit = admitting("w", params=lambda execution_id: {"id": execution_id})
 
-
-async def claim_one(store: ExecutionStore, execution_id: str, owner: str = "worker-1") -> Delivery:
-    claimed = await store.leases.claim_due(100, LEASE, owner)
-    assert [d.lease.execution_id for d in claimed] == [execution_id]
-    return claimed[0]
 
 
 def pick(rec: dict, fields=HEALED_FIELDS) -> dict:

@@ -15,3 +15,11 @@ async def claim(store: Any, owner: str = "worker-1", limit: int = 100,
     ids = [d.lease.execution_id for d in deliveries]
     assert len(ids) == len(set(ids)), f"one execution twice in one claim: {ids}"
     return {d.lease.execution_id: d for d in deliveries}
+
+
+async def claim_one(store: Any, execution_id: str, owner: str = "worker-1",
+                    lease_seconds: float = 30.0) -> Delivery:
+    """Claim the one due execution, `execution_id`, and return its delivery."""
+    claimed = await claim(store, owner, lease_seconds=lease_seconds)
+    assert list(claimed) == [execution_id], claimed
+    return claimed[execution_id]
