@@ -348,6 +348,8 @@ class Worker:
                 # Busy: let a few more deliveries finish (and wakes arrive)
                 # so that one claim statement takes several executions.
                 await asyncio.sleep(CLAIM_BATCH_SECONDS)
+                if self._stopping.is_set():
+                    break  # a stop that landed while gathering: claim nothing more
                 free = self.concurrency - len(self._running)
             self._wakeup.clear()
             if free > 0:
