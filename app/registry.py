@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from app import cron
+from app.queues import DEFAULT_QUEUE, Queue, QueueSettingsError
 
 ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 # IDs fencepost derives (children `{parent}~{key}`, schedule slots
@@ -57,6 +58,31 @@ class WorkflowDefinition:
     # Signal name -> the roles that may send it (any of them); signals not
     # named here may be sent by any token allowed to signal the execution.
     signal_roles: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Flow control: the queue its executions are admitted to, and how the
+    # concurrency key of one is found from its params (JSON, as admitted):
+    # a top-level field's name, or a function returning a string or None.
+    queue: Queue = Queue(DEFAULT_QUEUE)
+    concurrency_key: str | Callable[[Any], Any] | None = None
+
+    def key_of(self, raw_params: Any) -> str | None:
+        """The concurrency key of an execution with these params (None: no
+        key, so no per-key limit applies to it)."""
+        if self.concurrency_key is None:
+            return None
+        if isinstance(self.concurrency_key, str):
+            value = raw_params.get(self.concurrency_key) if isinstance(raw_params, dict) else None
+        else:
+            value = self.concurrency_key(raw_params)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"the concurrency key of {self.workflow_id!r} must be a string or "
+                             f"an integer, not {type(value).__name__}")
+        key = str(value)
+        if not 1 <= len(key) <= 200:
+            raise ValueError(f"the concurrency key of {self.workflow_id!r} must be 1-200 "
+                             "characters")
+        return key
 
     def may_signal(self, name: str, roles: frozenset[str] | set[str]) -> bool:
         """Whether a sender holding `roles` may send signal `name`."""
@@ -71,6 +97,8 @@ class WorkflowDefinition:
 
 
 _registry: dict[str, WorkflowDefinition] = {}
+# Queues declared by registered workflows, by name: one declaration per name.
+_queues: dict[str, Queue] = {}
 
 # A cleanup window longer than a day is a mistake, not a policy.
 MAX_CANCEL_GRACE = 86400.0
@@ -89,7 +117,9 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
              timezone: str | None = None, version: str | None = None,
              step_timeout: float | timedelta | None = None,
              cancel_grace: float | timedelta | None = None,
-             signals: Mapping[str, str | Iterable[str]] | None = None
+             signals: Mapping[str, str | Iterable[str]] | None = None,
+             queue: str | Queue | None = None,
+             concurrency_key: str | Callable[[Any], Any] | None = None,
              ) -> Callable[[WorkflowFunction], WorkflowFunction]:
     """Register an async function `(ctx, params) -> JSON value` as `workflow_id`.
     `timeout`: the default deadline, from admission, for its executions.
@@ -103,7 +133,14 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
     `signals`: who may send a signal, by name: {"approval": "operate"} lets
     only operate tokens (and the dashboard's operators) send `approval`; others
     get 403 FORBIDDEN and nothing is stored. A role or a list of roles from
-    "trigger", "operate"."""
+    "trigger", "operate".
+    `queue`: the queue (a `Queue`, or the name of one whose limits are set at
+    run time) its executions are admitted to; default "default", unlimited.
+    `concurrency_key`: how an execution's concurrency key is found from its
+    params (as admitted, JSON): a top-level field's name, or a function of the
+    params returning a string (or None: no key). The API and the workers load
+    the same modules, so each computes it the same way; an admission's
+    `concurrencyKey` wins over it."""
     if not ID_RE.match(workflow_id):
         raise WorkflowRegistrationError(
             f"workflow ID {workflow_id!r} must be 1-200 characters from A-Z a-z 0-9 . _ : -"
@@ -129,6 +166,14 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
             f"cancel_grace= of {workflow_id!r} must be between 0 and {MAX_CANCEL_GRACE:g} seconds")
 
     signal_roles = _signal_roles(workflow_id, signals)
+    try:
+        declared = queue if isinstance(queue, Queue) else Queue(queue or DEFAULT_QUEUE)
+    except QueueSettingsError as exc:
+        raise WorkflowRegistrationError(f"queue= of {workflow_id!r}: {exc}") from None
+    if concurrency_key is not None and not (isinstance(concurrency_key, str)
+                                            or callable(concurrency_key)):
+        raise WorkflowRegistrationError(
+            f"concurrency_key= of {workflow_id!r} must be a params field name or a function")
 
     if schedule is not None or timezone is not None:
         _check_schedule(workflow_id, params, schedule, timezone)
@@ -147,11 +192,18 @@ def workflow(workflow_id: str, *, params: type[BaseModel] | None = None,
                 f"workflow {workflow_id!r} is registered twice "
                 f"({existing.module}.{existing.fn.__qualname__} and {fn.__module__}.{fn.__qualname__})"
             )
+        if isinstance(queue, Queue):
+            other = _queues.get(queue.name)
+            if other is not None and other != queue:
+                raise WorkflowRegistrationError(
+                    f"queue {queue.name!r} is declared twice with different settings "
+                    f"({other} and {queue}): declare it once and name it in both workflows")
+            _queues[queue.name] = queue
         _registry[workflow_id] = WorkflowDefinition(
             workflow_id, fn, params, fn.__module__, timeout_seconds,
             schedule=schedule, timezone=timezone, version=version,
             step_timeout=step_timeout_seconds, signal_roles=signal_roles,
-            cancel_grace=cancel_grace_seconds,
+            cancel_grace=cancel_grace_seconds, queue=declared, concurrency_key=concurrency_key,
         )
         return fn
 
@@ -229,3 +281,13 @@ def load_workflows(modules: list[str]) -> dict[str, WorkflowDefinition]:
 
 def _defined_under(definition: WorkflowDefinition, modules: set[str]) -> bool:
     return any(definition.module.startswith(m + ".") for m in modules)
+
+
+def declared_queues(definitions: Mapping[str, WorkflowDefinition]) -> list[Queue]:
+    """The queues these workflows declare with settings (a queue named only
+    by a string declares nothing: its settings come from run time)."""
+    found: dict[str, Queue] = {}
+    for d in definitions.values():
+        if d.queue.name in _queues:
+            found[d.queue.name] = _queues[d.queue.name]
+    return [found[name] for name in sorted(found)]

@@ -185,6 +185,8 @@ class Scheduler:
                     context={"scheduleId": schedule_id, "scheduledAt": _iso(slot)},
                     execution_id=execution_id,
                     timeout_seconds=definition.timeout_seconds,
+                    queue=definition.queue.name,
+                    concurrency_key=definition.key_of(s["params"]),
                 )
                 if isinstance(answer, Admitted):
                     result.admitted.append(execution_id)

@@ -91,6 +91,12 @@ executions = Table(
     Column("traceparent", Text, nullable=True),
     # Late observations that disagreed with what was recorded (never applied).
     Column("integrity_conflicts", Integer, nullable=False, server_default=text("0")),
+    # Flow control: the queue whose limits apply (fixed at admission), the
+    # key its per-key limits count by, and the order among due executions
+    # of the queue (lower first).
+    Column("queue", Text, nullable=False, server_default=text("'default'")),
+    Column("concurrency_key", Text, nullable=True),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status_known"
     ),
@@ -111,6 +117,23 @@ Index(
     "ix_executions_due",
     executions.c.due_at,
     postgresql_where=text("status IN ('admitted', 'suspended')"),
+)
+# A claim reads each queue's due executions in priority order from here.
+Index(
+    "ix_executions_queue_due",
+    executions.c.queue,
+    executions.c.priority,
+    executions.c.due_at,
+    postgresql_where=text("status IN ('admitted', 'suspended')"),
+)
+# What holds a queue's slots (counted under the queue's lock at each claim).
+Index(
+    "ix_executions_queue_held",
+    executions.c.queue,
+    executions.c.status,
+    executions.c.concurrency_key,
+    postgresql_include=["lease_expires_at"],
+    postgresql_where=text("status IN ('running', 'suspended')"),
 )
 Index(
     "ix_executions_lease_expiry",
@@ -516,3 +539,37 @@ maintenance_leases = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     CheckConstraint("token > 0", name="token_positive"),
 )
+
+# Flow control. A queue's effective settings (the view queue_settings) are
+# what its code declares, overlaid field by field with what an operator set.
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("declared", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("override", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+
+# The first claims of rate-limited queues' executions, kept for one period.
+queue_starts = Table(
+    "queue_starts",
+    metadata,
+    Column("queue", Text, nullable=False),
+    Column("concurrency_key", Text, nullable=True),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+Index("ix_queue_starts_queue", queue_starts.c.queue, queue_starts.c.concurrency_key,
+      queue_starts.c.started_at)
+
+# Each run-time change of a queue's settings: who, when, what.
+queue_changes = Table(
+    "queue_changes",
+    metadata,
+    Column("change_id", BigInteger, primary_key=True, autoincrement=True),
+    Column("queue", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("actor", Text, nullable=True),
+    Column("change", JSONB, nullable=False),
+)
+Index("ix_queue_changes_queue", queue_changes.c.queue, queue_changes.c.change_id)

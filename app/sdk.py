@@ -28,6 +28,7 @@ from typing import Any, NoReturn, TypeVar
 from app import tracing
 from app.dberrors import is_database_failure, is_infrastructure, is_retryable_conflict
 from app.metrics import METRICS
+from app.queues import DEFAULT_QUEUE, Queue
 from app.registry import ID_RE, SYSTEM_ID_SEPARATOR, WorkflowDefinition, workflow
 from app.store import (
     Delivery,
@@ -46,6 +47,7 @@ T = TypeVar("T")
 
 __all__ = [
     "workflow",
+    "Queue",
     "WorkflowContext",
     "RetryPolicy",
     "Retry",
@@ -567,13 +569,16 @@ class WorkflowContext:
         self._gate()
         child_id = execution_id or f"{self.execution_id}{SYSTEM_ID_SEPARATOR}{key}"
         definition = self._workflows.get(workflow_id)
+        child_params = params if params is not None else {}
         if definition is not None:
-            definition.parse_params(params if params is not None else {})
+            definition.parse_params(child_params)
         answer, detail = await self._fenced(
             self._store.compose.start_child(
                 self._lease, key, workflow_id=workflow_id,
-                params=params if params is not None else {}, child_id=child_id,
+                params=child_params, child_id=child_id,
                 timeout_seconds=definition.timeout_seconds if definition is not None else None,
+                queue=definition.queue.name if definition is not None else DEFAULT_QUEUE,
+                concurrency_key=definition.key_of(child_params) if definition is not None else None,
             ),
             key,
         )

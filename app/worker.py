@@ -37,7 +37,7 @@ from app.maintenance import SWEEPS, Leadership, schedules_role
 from app.metrics import METRICS
 from app.migrate import SchemaOutOfDate, check_schema
 from app.reaper import LeaseReaper
-from app.registry import WorkflowDefinition
+from app.registry import WorkflowDefinition, declared_queues
 from app.retention import RetentionPruner
 from app.scheduler import Scheduler
 from app.sdk import (
@@ -294,6 +294,9 @@ class Worker:
                 f"{holder['host']}, pid {holder['pid']}, last heartbeat "
                 f"{holder['heartbeat_at'].isoformat()}): give this worker another --worker-id, "
                 "or stop that one first")
+        # The queues this code declares, before any claim reads them.
+        await self._db.queues.declare(
+            {q.name: q.settings() for q in declared_queues(self.workflows)})
 
     async def _watch(self, side: list[asyncio.Task]) -> None:
         """Return when the claimer stops; a side task that dies stops the worker loudly."""

@@ -54,6 +54,7 @@ from app.store.history import History
 from app.store.leadership import MaintenanceLease, MaintenanceLeases
 from app.store.leases import Leases
 from app.store.operator import Operator
+from app.store.queues import Queues
 from app.store.redrive import Forked, Redriven, Redrives
 from app.store.retry import RetryingPool, retrying
 from app.store.schedules import Schedules, ScheduleTurn
@@ -86,7 +87,7 @@ __all__ = [
     "Clock", "Compose", "Conflict", "ConnectionHandle", "Dashboard", "Delivery", "EffectAttempt",
     "Effects", "ExecutionStore", "Existing", "Forked", "Handle", "History", "Interrupt",
     "InvalidEvent", "Lease", "LeaseLost", "Leases", "MaintenanceLease", "MaintenanceLeases",
-    "Operations", "Operator", "ReapResult",
+    "Operations", "Operator", "Queues", "ReapResult",
     "Redriven", "Redrives", "RetryingPool", "ScheduleTurn", "Schedules", "Sessions",
     "SettingChange", "SharedSettings", "SignalSender", "Signals", "StepRecord", "Steps",
     "StoreConfig", "StoreObjects", "StoredSetting", "Tokens", "TransactionFailed", "WakeAnswer",
@@ -119,6 +120,7 @@ class StoreObjects:
         self.settings = SharedSettings(db, config)
         self.clock = Clock(db, config)
         self.maintenance = MaintenanceLeases(db, config)
+        self.queues = Queues(db, config)
 
 
 class ExecutionStore(StoreObjects):

@@ -38,12 +38,21 @@ class Admissions(StoreObject):
         if_exists: Literal["error", "return"] = "error",
         traceparent: str | None = None,
         request_id: str | None = None,
+        queue: str = "default",
+        concurrency_key: str | None = None,
+        priority: int = 0,
+        start_at: datetime | None = None,
+        delay_seconds: float | None = None,
     ) -> Admitted | Conflict | Existing:
         """Record the execution and its first wake (due now) in one statement,
         or report the record that already holds the ID. IDs are never reused.
         The deadline is `deadline`, else admission time + `timeout_seconds`
         (database clock), else none. With if_exists="return", an ID held by
-        an execution of the same workflow with equal params is `Existing`."""
+        an execution of the same workflow with equal params is `Existing`.
+        Flow control: the execution is on `queue` (created, unlimited, if no
+        one declared it), counted under `concurrency_key`, ordered by
+        `priority` among the queue's due executions, and first due at
+        `start_at`, else `delay_seconds` after admission, else now."""
         execution_id = execution_id or str(uuid.uuid4())
         for _ in range(3):
             try:
@@ -52,11 +61,14 @@ class Admissions(StoreObject):
                     WITH ins AS (
                         INSERT INTO executions
                             (execution_id, workflow_id, params, context, status, due_at,
-                             deadline, code_version, admitted_by, traceparent)
+                             deadline, code_version, admitted_by, traceparent, queue,
+                             concurrency_key, priority)
                         -- Python None is SQL NULL on the wire; as params it means JSON null.
-                        SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted', now(),
+                        SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted',
+                               greatest(now(), coalesce($14::timestamptz, now()
+                                   + make_interval(secs => coalesce($15::float8, 0)))),
                                coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8,
-                               $9
+                               $9, $11, $12, $13
                         -- IDs are never reused: not a retired one, and not one whose
                         -- row this statement sees. (A row being deleted by retention
                         -- is still seen: the insert must not wait for that delete
@@ -72,6 +84,11 @@ class Admissions(StoreObject):
                                jsonb_strip_nulls(jsonb_build_object('workflowId', $2::text,
                                                                     'requestId', $10::text))
                         FROM ins
+                    ), new_queue AS (
+                        -- Claims read the queues table: every execution's queue is in it.
+                        INSERT INTO queues (name) SELECT $11 FROM ins
+                        WHERE NOT EXISTS (SELECT 1 FROM queues WHERE name = $11)
+                        ON CONFLICT DO NOTHING
                     )
                     -- NOTIFY is delivered on commit, so idle workers start at once.
                     SELECT execution_id, status, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins
@@ -86,6 +103,11 @@ class Admissions(StoreObject):
                     admitted_by,
                     traceparent,
                     request_id,
+                    queue,
+                    concurrency_key,
+                    priority,
+                    start_at,
+                    delay_seconds,
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 # NaN/Infinity (the encoder refuses them), \u0000 and lone

@@ -200,6 +200,8 @@ class Compose(StoreObject):
         params: Any,
         child_id: str,
         timeout_seconds: float | None = None,
+        queue: str = "default",
+        concurrency_key: str | None = None,
     ) -> tuple[ChildAnswer, ChildExecution]:
         """Admit the child under `child_id`, linked to the parent's step, in
         the statement that checks the parent's fence: a stale holder (token no
@@ -232,9 +234,12 @@ class Compose(StoreObject):
                     ), ins AS (
                         INSERT INTO executions
                             (execution_id, workflow_id, params, context, status, due_at,
-                             deadline, parent_execution_id, parent_step_key)
+                             deadline, parent_execution_id, parent_step_key, queue,
+                             concurrency_key, priority)
+                        -- A child is ordered in its queue like its parent.
                         SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted',
-                               now(), now() + make_interval(secs => $6::float8), $1, $2
+                               now(), now() + make_interval(secs => $6::float8), $1, $2, $8, $9,
+                               (SELECT priority FROM executions WHERE execution_id = $1)
                         FROM parent
                         WHERE NOT parent.cancelling
                           -- Seen already (a repeat): nothing to insert, nothing to wait for.
@@ -258,6 +263,11 @@ class Compose(StoreObject):
                         SELECT $1, 'child_started',
                                jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
                         FROM ins
+                    ), new_queue AS (
+                        -- Claims read the queues table: every execution's queue is in it.
+                        INSERT INTO queues (name) SELECT $8 FROM ins
+                        WHERE NOT EXISTS (SELECT 1 FROM queues WHERE name = $8)
+                        ON CONFLICT DO NOTHING
                     )
                     SELECT (SELECT count(*) FROM parent) AS fenced,
                            (SELECT cancelling FROM parent) AS cancelling,
@@ -270,6 +280,8 @@ class Compose(StoreObject):
                     params,
                     timeout_seconds,
                     lease.token,
+                    queue,
+                    concurrency_key,
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 raise InvalidEvent(f"child params: {exc}") from exc

@@ -67,38 +67,110 @@ class Leases(StoreObject):
             return []
         rows = await self.db.fetch(
             f"""
-            WITH due AS (
-                SELECT execution_id, 'due'::text AS how, NULL::text AS old_owner,
-                       NULL::timestamptz AS old_expiry
-                FROM executions
-                WHERE status IN ('admitted', 'suspended') AND due_at <= now()
-                  AND (redeliver_after IS NULL OR redeliver_after <= now())
-                  AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
-                  -- Not interrupted, or a cleanup delivery within its window;
-                  -- the other cancelled and timed-out ends are the sweep's.
-                  AND ((cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now()))
-                       OR (token > 0 AND fencepost_cleanup_ends(cancel_requested_at, deadline,
-                                                                cleanup_seconds) > now()))
-                ORDER BY due_at
-                LIMIT $1
-                FOR UPDATE SKIP LOCKED
+            WITH lim AS MATERIALIZED (
+                -- Locks the queues and counts their held slots and recent
+                -- starts after the locks are granted (see the function).
+                SELECT * FROM fencepost_claim_limits()
+            ), open_queues AS (
+                SELECT * FROM lim WHERE NOT is_key AND NOT closed
+            ), due AS (
+                SELECT c.* FROM open_queues q, LATERAL (
+                    SELECT e.execution_id, 'due'::text AS how, NULL::text AS old_owner,
+                           NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
+                           e.priority, e.due_at AS since, e.status AS was, e.token
+                    FROM executions e
+                    WHERE e.queue = q.queue
+                      AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
+                      AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
+                      AND ($6::text[] IS NULL OR e.workflow_id = ANY($6::text[]))
+                      -- Not interrupted, or a cleanup delivery within its window;
+                      -- the other cancelled and timed-out ends are the sweep's.
+                      AND ((e.cancel_requested_at IS NULL
+                            AND (e.deadline IS NULL OR e.deadline > now()))
+                           OR (e.token > 0 AND fencepost_cleanup_ends(
+                                   e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now()))
+                      -- Skip what cannot be taken now, so that the work behind
+                      -- it (other keys, resumptions) is still reached: keys with
+                      -- no slot or no start left, and fresh starts once the
+                      -- queue's starts are spent.
+                      AND (q.run_free IS NULL OR q.run_free > 0
+                           OR (q.hold AND e.status = 'suspended'))
+                      AND (e.token > 0 OR q.start_free IS NULL OR q.start_free > 0)
+                      AND (e.concurrency_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM lim k
+                          WHERE k.is_key AND k.queue = e.queue
+                            AND k.concurrency_key = e.concurrency_key
+                            AND ((k.run_free = 0 AND NOT (k.hold AND e.status = 'suspended'))
+                                 OR (k.start_free = 0 AND e.token = 0))))
+                    ORDER BY e.priority, e.due_at
+                    LIMIT $1
+                    FOR UPDATE OF e SKIP LOCKED
+                ) c
             ), expired AS (
-                SELECT execution_id, 'expired'::text AS how, lease_owner AS old_owner,
-                       lease_expires_at AS old_expiry
-                FROM executions
-                WHERE status = 'running' AND lease_expires_at <= now()
-                  AND lease_expires_at
-                      + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $4, $5) <= now()
-                  AND ($6::text[] IS NULL OR workflow_id = ANY($6::text[]))
+                SELECT e.execution_id, 'expired'::text AS how, e.lease_owner AS old_owner,
+                       e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
+                       e.priority, e.lease_expires_at AS since, e.status AS was, e.token
+                FROM executions e
+                WHERE e.status = 'running' AND e.lease_expires_at <= now()
+                  AND e.lease_expires_at
+                      + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
+                      <= now()
+                  AND ($6::text[] IS NULL OR e.workflow_id = ANY($6::text[]))
                   -- Left to the reaper: cancel, deadline, and the delivery
                   -- that would reach the poison threshold.
-                  AND cancel_requested_at IS NULL AND (deadline IS NULL OR deadline > now())
-                  AND unacknowledged_deliveries + 1 < $7
-                ORDER BY lease_expires_at
+                  AND e.cancel_requested_at IS NULL AND (e.deadline IS NULL OR e.deadline > now())
+                  AND e.unacknowledged_deliveries + 1 < $7
+                  AND e.queue IN (SELECT queue FROM open_queues)
+                ORDER BY e.lease_expires_at
                 LIMIT $1
-                FOR UPDATE SKIP LOCKED
+                FOR UPDATE OF e SKIP LOCKED
+            ), candidates AS (
+                SELECT d.*,
+                       -- A suspended execution of a queue that holds slots while
+                       -- suspended already holds one; everything else takes one.
+                       NOT (q.hold AND d.was = 'suspended') AS takes_slot,
+                       d.token = 0 AS starts,
+                       q.run_free, q.start_free,
+                       CASE WHEN d.concurrency_key IS NOT NULL
+                            THEN coalesce(k.run_free, q.key_run_limit) END AS key_run_free,
+                       CASE WHEN d.concurrency_key IS NOT NULL
+                            THEN coalesce(k.start_free, q.key_start_limit) END AS key_start_free
+                FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) d
+                JOIN open_queues q ON q.queue = d.queue
+                LEFT JOIN lim k ON k.is_key AND k.queue = d.queue
+                                AND k.concurrency_key = d.concurrency_key
+            ), within_key AS (
+                -- In claim order, take while the key has slots and starts left.
+                SELECT * FROM (
+                    SELECT c.*, sum(c.takes_slot::int) OVER w AS key_slots_taken,
+                           sum(c.starts::int) OVER w AS key_starts_taken
+                    FROM candidates c
+                    WINDOW w AS (PARTITION BY c.queue, c.concurrency_key
+                                 ORDER BY c.priority, c.since, c.execution_id)
+                ) x
+                WHERE (NOT x.takes_slot OR x.key_run_free IS NULL
+                       OR x.key_slots_taken <= x.key_run_free)
+                  AND (NOT x.starts OR x.key_start_free IS NULL
+                       OR x.key_starts_taken <= x.key_start_free)
+            ), within_queue AS (
+                -- Then while the queue has slots and starts left.
+                SELECT * FROM (
+                    SELECT c.*, sum(c.takes_slot::int) OVER w AS slots_taken,
+                           sum(c.starts::int) OVER w AS starts_taken
+                    FROM within_key c
+                    WINDOW w AS (PARTITION BY c.queue ORDER BY c.priority, c.since, c.execution_id)
+                ) x
+                WHERE (NOT x.takes_slot OR x.run_free IS NULL OR x.slots_taken <= x.run_free)
+                  AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
             ), picked AS (
-                SELECT * FROM due UNION ALL SELECT * FROM expired LIMIT $1
+                SELECT execution_id, how, old_owner, old_expiry, queue, concurrency_key, starts
+                FROM within_queue ORDER BY priority, since LIMIT $1
+            ), started AS (
+                -- Rate-limited queues count their starts from these rows.
+                INSERT INTO queue_starts (queue, concurrency_key)
+                SELECT p.queue, p.concurrency_key FROM picked p
+                JOIN queue_settings s ON s.name = p.queue
+                WHERE p.starts AND s.rate_limit IS NOT NULL
             ), graces AS (
                 SELECT * FROM unnest($6::text[], $8::float8[]) AS g(workflow_id, seconds)
             ), claimed AS (

@@ -191,10 +191,12 @@ class Redrives(StoreObject):
                 -- An ID is never reused: one a retention tombstone holds is taken.
                 INSERT INTO executions (execution_id, workflow_id, params, context, code_version,
                                         admitted_by, status, due_at, deadline, forked_from,
-                                        forked_from_step)
+                                        forked_from_step, queue, concurrency_key, priority)
+                -- A fork runs under its source's flow control.
                 SELECT $3, src.workflow_id, coalesce($4::jsonb, src.params), src.context,
                        src.code_version, $6, 'admitted', now(),
-                       now() + make_interval(secs => $7::float8), $1, $2
+                       now() + make_interval(secs => $7::float8), $1, $2, src.queue,
+                       src.concurrency_key, src.priority
                 FROM src
                 WHERE NOT EXISTS (SELECT 1 FROM retired_executions WHERE execution_id = $3)
                 ON CONFLICT (execution_id) DO NOTHING

@@ -1,0 +1,85 @@
+"""No over-claim, ever: eight claimers on eight connections race for a queue
+of concurrency 1, round after round.
+
+The harness is shown to stage the race: with the claim's queue lock taken
+out of the counting function (a copy installed only in this test's
+database), the same rounds over-claim. With the real function they never do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest_asyncio
+
+from app.db import create_pool
+from app.store import ExecutionStore
+from tests.support.admission import admit
+
+CLAIMERS = 8
+ROUNDS = 300
+
+
+@pytest_asyncio.fixture
+async def wide_pool(settings) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(settings, min_size=CLAIMERS, max_size=CLAIMERS)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def race(store: ExecutionStore, pool: asyncpg.Pool, rounds: int) -> tuple[int, int]:
+    """Run `rounds` rounds; return (rounds that over-claimed, most live leases
+    seen at once). Each round: two due executions, eight simultaneous claims
+    (each would take both), then whatever was claimed completes."""
+    await store.queues.change("one", {"concurrency": 1}, actor="test")
+    over, most = 0, 0
+    for r in range(rounds):
+        for i in range(2 - int(await pool.fetchval(
+                "SELECT count(*) FROM executions WHERE status = 'admitted'"))):
+            await admit(store, "wf", f"r{r}-{i}", queue="one")
+        start = asyncio.Event()
+
+        async def claimer(n: int, start: asyncio.Event = start) -> list:
+            await start.wait()
+            return await store.leases.claim_due(2, 30.0, f"claimer-{n}")
+
+        tasks = [asyncio.create_task(claimer(n)) for n in range(CLAIMERS)]
+        await asyncio.sleep(0)
+        start.set()
+        deliveries = [d for batch in await asyncio.gather(*tasks) for d in batch]
+        live = int(await pool.fetchval(
+            "SELECT count(*) FROM executions "
+            "WHERE queue = 'one' AND status = 'running' AND lease_expires_at > now()"))
+        most = max(most, live, len(deliveries))
+        over += live > 1 or len(deliveries) > 1
+        for d in deliveries:
+            await store.leases.acknowledge(d.lease, "completed", result=None)
+    return over, most
+
+
+async def test_eight_claimers_never_take_two_slots_of_a_limit_of_one(wide_pool):
+    store = ExecutionStore(wide_pool)
+
+    over, most = await race(store, wide_pool, ROUNDS)
+
+    assert (over, most) == (0, 1)
+
+
+async def test_without_the_queue_lock_the_same_race_over_claims(wide_pool):
+    """The control: the race above is real (this harness does stage two
+    claimers counting at once), so its zero means the lock prevents it."""
+    source = await wide_pool.fetchval(
+        "SELECT pg_get_functiondef('fencepost_claim_limits()'::regprocedure)")
+    unlocked = source.replace(
+        "PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));", "NULL;")
+    assert unlocked != source
+    await wide_pool.execute(unlocked)
+    store = ExecutionStore(wide_pool)
+
+    over, most = await race(store, wide_pool, ROUNDS)
+
+    assert over > 0 and most >= 2, (over, most)
