@@ -439,7 +439,7 @@ class Worker:
                 METRICS.in_flight.set(len(self._running))
                 if current.enforcing is not None:
                     current.enforcing.cancel()
-            if self._maybe_more_due:
+            if self._maybe_more_due or delivery.slot_limited:
                 self._wakeup.set()
 
         task.add_done_callback(finished)

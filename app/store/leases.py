@@ -163,7 +163,8 @@ class Leases(StoreObject):
                 WHERE (NOT x.takes_slot OR x.run_free IS NULL OR x.slots_taken <= x.run_free)
                   AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
             ), picked AS (
-                SELECT execution_id, how, old_owner, old_expiry, queue, concurrency_key, starts
+                SELECT execution_id, how, old_owner, old_expiry, queue, concurrency_key, starts,
+                       run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited
                 FROM within_queue ORDER BY priority, since LIMIT $1
             ), started AS (
                 -- Rate-limited queues count their starts from these rows.
@@ -210,7 +211,7 @@ class Leases(StoreObject):
                           fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
                                                  e.cleanup_seconds) AS cleanup_ends,
                           (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
-                          e.traceparent,
+                          e.traceparent, e.queue, p.starts, p.slot_limited,
                           extract(epoch FROM now() - e.admitted_at) AS since_admitted
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
@@ -254,6 +255,8 @@ class Leases(StoreObject):
                 cleanup_ends=r["cleanup_ends"],
                 has_history=r["has_history"],
                 traceparent=r["traceparent"],
+                queue=r["queue"],
+                slot_limited=r["slot_limited"],
             )
             for r in rows
         ]

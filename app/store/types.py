@@ -69,6 +69,10 @@ class Delivery:
     has_history: bool = True
     # The admission's W3C trace context: this delivery's span is its child.
     traceparent: str | None = None
+    # Its queue, and whether it took a slot of a concurrency limit (its end
+    # frees one, so the worker claims again at once rather than at its poll).
+    queue: str = "default"
+    slot_limited: bool = False
 
 
 @dataclass(frozen=True)
