@@ -207,6 +207,7 @@ def record_columns(threshold: int) -> str:
     admitted_at, updated_at, token, deadline, cancel_requested_at,
     ever_suspended, waiting_on, cancel_requested_by, admitted_by,
     parent_execution_id, integrity_conflicts, redrives, forked_from, forked_from_step,
+    queue, concurrency_key, priority,
     {_EXPIRED} AS lease_expired,
     {healed_status_sql(threshold)} AS status,
     CASE {settled} WHEN 'cancelled' THEN {cancelled} WHEN 'timed_out' THEN {timed_out}
