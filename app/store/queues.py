@@ -3,7 +3,9 @@ enforced where executions are claimed (Leases.claim_due)."""
 
 from __future__ import annotations
 
+import builtins
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from app.store.handle import StoreObject
@@ -81,6 +83,25 @@ class Queues(StoreObject):
         rows = await self.db.fetch(_SETTINGS + " ORDER BY q.name")
         return [_settings_row(r) for r in rows]
 
+    async def counts(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Per queue (all, or those named): `running` (executions holding a
+        slot), `due` (waiting to be claimed) and `starts_in_period` (starts
+        within the rate period; None without a rate limit)."""
+        rows = await self.db.fetch(
+            _COUNTS + " WHERE $1::text[] IS NULL OR s.name = ANY($1::text[])",
+            None if names is None else builtins.list(names))
+        return {r["name"]: {"running": r["running"], "due": r["due"],
+                            "starts_in_period": r["starts_in_period"]} for r in rows}
+
+    async def changes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
+        """The queue's newest changes first: at, actor (`code` for a changed
+        declaration) and what changed."""
+        rows = await self.db.fetch(
+            "SELECT change_id, at, actor, change FROM queue_changes WHERE queue = $1 "
+            "ORDER BY change_id DESC LIMIT $2", name, limit)
+        return [{**dict(r), "change": json.loads(r["change"]) if isinstance(r["change"], str)
+                 else r["change"]} for r in rows]
+
     async def _one(self, db: Any, name: str) -> dict[str, Any]:
         row = await db.fetchrow(_SETTINGS + " WHERE q.name = $1", name)
         return _settings_row(row)
@@ -99,3 +120,25 @@ def _settings_row(row: Any) -> dict[str, Any]:
         if isinstance(out[key], str):
             out[key] = json.loads(out[key])
     return out
+
+
+# What holds a slot of a queue, as the claim counts it (fencepost_claim_limits):
+# a running execution with an unexpired lease, and a suspended one when the
+# queue holds slots while suspended.
+_COUNTS = """
+    SELECT s.name,
+           (SELECT count(*) FROM executions e
+            WHERE e.queue = s.name AND e.status IN ('running', 'suspended')
+              AND ((e.status = 'running' AND e.lease_expires_at > now())
+                   OR (s.hold_while_suspended AND e.status = 'suspended')))::integer AS running,
+           (SELECT count(*) FROM executions e
+            WHERE e.queue = s.name AND e.status IN ('admitted', 'suspended')
+              AND e.due_at <= now())::integer AS due,
+           CASE WHEN s.rate_limit IS NOT NULL THEN
+               (SELECT count(*) FROM queue_starts st
+                WHERE st.queue = s.name
+                  AND st.started_at > now() - make_interval(secs => s.rate_period))::integer
+           END AS starts_in_period
+    FROM queue_settings s
+"""
+
