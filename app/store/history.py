@@ -9,7 +9,7 @@ import builtins
 from datetime import datetime
 from typing import Any
 
-from app.blocked import reason_sql
+from app.blocked import QUEUE_STATE_CTES, Live, queue_state_joins, queue_states, reason_sql
 from app.schema import TERMINAL_STATUSES
 from app.store.handle import StoreObject
 from app.store.types import (
@@ -129,17 +129,22 @@ class History(StoreObject):
             # expired lease and applies the deadline sweep), then the healed filter.
             inner.append(_RAW_STATUSES_FOR.get(status, "status = {p}").format(p=arg(status)))
             outer.append(f"r.status = ${len(args)}")
+        with_queues, joins = "", ""
         if blocked_by is not None:
             # app/blocked.py's one rule, in SQL, over the healed record (a raw
-            # terminal row stays terminal: no reason but none).
+            # terminal row stays terminal: no reason but none), with what its
+            # queue and key hold now.
             inner.append(f"status NOT IN {TERMINAL_SQL}")
             live = arg(sorted(live_workflows) if live_workflows is not None else None)
-            outer.append(f"{reason_sql('r', f'{live}::text[]')} = {arg(blocked_by)}")
+            outer.append(f"{reason_sql('r', f'{live}::text[]', 'q', 'k')} = {arg(blocked_by)}")
+            with_queues, joins = f"WITH {QUEUE_STATE_CTES}", queue_state_joins("r", "q", "k")
         where_inner = " AND ".join(inner) or "true"
         where_outer = " AND ".join(outer) or "true"
         query = f"""
-            SELECT * FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
-                           WHERE {where_inner}) r
+            {with_queues}
+            SELECT r.* FROM (SELECT {record_columns(self.config.max_unacknowledged)}
+                             FROM executions WHERE {where_inner}) r
+            {joins}
             WHERE {where_outer}
             ORDER BY admitted_at DESC, execution_id DESC
             LIMIT {arg(limit + 1)}
@@ -360,16 +365,22 @@ class History(StoreObject):
         )
 
 
-    async def live_workflow_ids(self, stale_after_seconds: float) -> set[str]:
-        """Workflows some live worker advertises (for blockedBy: no-worker)."""
-        rows = await self.db.fetch(
-            """
-            SELECT DISTINCT jsonb_array_elements_text(workflows) AS workflow_id FROM workers
-            WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)
-            """,
-            float(stale_after_seconds),
-        )
-        return {r["workflow_id"] for r in rows}
+    async def live_workflow_ids(self, stale_after_seconds: float) -> Live:
+        """Workflows some live worker advertises (for blockedBy: no-worker),
+        and what each queue and key holds now (for blockedBy: queue-paused,
+        concurrency-limit, rate-limited), read as app/blocked.py counts."""
+        async with self.db.connection() as conn:
+            rows = await conn.fetch(
+                """
+                SELECT DISTINCT jsonb_array_elements_text(workflows) AS workflow_id FROM workers
+                WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)
+                """,
+                float(stale_after_seconds),
+            )
+            queues = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM queue_state")
+            keys = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM key_state")
+        return Live((r["workflow_id"] for r in rows),
+                    queue_states([dict(q) for q in queues], [dict(k) for k in keys]))
 
 
     async def admitted_by(self, execution_id: str) -> tuple[bool, str | None]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from app.blocked import reason_sql
+from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, queue_state_joins, reason_sql
 from app.store.handle import StoreObject
 from app.store.types import healed_status_sql, record_columns
 
@@ -24,8 +24,9 @@ UI_SORTS: dict[str, str] = {
 
 # app/blocked.py's RULES over the healed record `r` ('none' when terminal):
 # the same table the API's blockedBy is read from. $4: workflows some live
-# worker runs.
-_BLOCKED_REASON_SQL = reason_sql("r", "$4::text[]")
+# worker runs; `q` and `k`: what its queue and key hold now.
+_BLOCKED_REASON_SQL = reason_sql("r", "$4::text[]", "q", "k")
+_HELD_BACK = ", ".join(f"'{r}'" for r in QUEUE_REASONS)
 
 
 class Dashboard(StoreObject):
@@ -39,6 +40,7 @@ class Dashboard(StoreObject):
         blocked_by: str | None = None,
         admitted_from: datetime | None = None,
         admitted_to: datetime | None = None,
+        queue: str | None = None,
         sort: str = "admitted-desc",
         offset: int = 0,
         limit: int = 50,
@@ -51,7 +53,9 @@ class Dashboard(StoreObject):
             FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
                   WHERE ($5::text IS NULL OR workflow_id = $5)
                     AND ($8::timestamptz IS NULL OR admitted_at >= $8)
-                    AND ($9::timestamptz IS NULL OR admitted_at < $9)) r
+                    AND ($9::timestamptz IS NULL OR admitted_at < $9)
+                    AND ($10::text IS NULL OR queue = $10)) r
+            {queue_state_joins("r", "q", "k")}
             WHERE ($3::text IS NULL OR r.status = $3)
               AND ($6::int IS NULL OR r.unacknowledged_deliveries >= $6)
               AND ($7::text IS NULL OR ({_BLOCKED_REASON_SQL}) = $7)
@@ -66,19 +70,50 @@ class Dashboard(StoreObject):
             blocked_by,
             admitted_from,
             admitted_to,
+            queue,
         )
         async with self.db.connection() as conn:
             rows = await conn.fetch(
                 f"""
+                WITH {QUEUE_STATE_CTES}
                 SELECT r.*, {_BLOCKED_REASON_SQL} AS blocked_reason {where}
-                ORDER BY {order} LIMIT $10 OFFSET $11
+                ORDER BY {order} LIMIT $11 OFFSET $12
                 """,
                 *args,
                 limit,
                 offset,
             )
-            total = await conn.fetchval(f"SELECT count(*) {where}", *args)
+            total = await conn.fetchval(f"WITH {QUEUE_STATE_CTES} SELECT count(*) {where}",
+                                        *args)
         return [dict(r) for r in rows], int(total)
+
+    async def queues(self) -> list[dict[str, Any]]:
+        """Every queue with its declared, run-time and effective settings,
+        what it holds now (running: slots held, as the claim counts), how
+        many of its executions are due (waiting to be claimed) and how many
+        of those its limits or a pause hold back (app/blocked.py's rule)."""
+        rows = await self.db.fetch(
+            f"""
+            WITH {QUEUE_STATE_CTES}, waiting AS (
+                SELECT r.queue, {reason_sql("r", "NULL::text[]", "q", "k")} AS reason
+                FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
+                      WHERE status IN ('admitted', 'suspended') AND due_at <= now()) r
+                {queue_state_joins("r", "q", "k")}
+            )
+            SELECT qs.*, qu.declared, qu.override, qu.updated_at,
+                   (SELECT count(*) FROM waiting w
+                    WHERE w.queue = qs.name AND w.reason IN ('due', {_HELD_BACK})
+                   )::integer AS due,
+                   (SELECT count(*) FROM waiting w
+                    WHERE w.queue = qs.name AND w.reason IN ({_HELD_BACK}))::integer
+                       AS limited
+            FROM queue_state qs JOIN queues qu ON qu.name = qs.name
+            ORDER BY qs.name
+            """,
+            self.config.redelivery_base,
+            self.config.redelivery_cap,
+        )
+        return [dict(r) for r in rows]
 
     async def status_counts(self) -> dict[str, int]:
         """Executions per status, as reads report it (the healed view)."""

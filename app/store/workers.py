@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.blocked import reason_sql
+from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, queue_state_joins, reason_sql
 from app.store.handle import StoreObject
 from app.store.types import record_columns
 
@@ -96,28 +96,31 @@ class Workers(StoreObject):
                                  WHERE stopped_at IS NULL
                                    AND heartbeat_at > now() - make_interval(secs => $3))
                            AS workflows
-                ), x AS (
-                    SELECT r.*, {reason_sql("r", "l.workflows")} AS reason
+                ), {QUEUE_STATE_CTES}, x AS (
+                    SELECT r.*, {reason_sql("r", "l.workflows", "q", "k")} AS reason
                     FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
-                          WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r,
-                         live l
+                          WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r
+                    CROSS JOIN live l
+                    {queue_state_joins("r", "q", "k")}
                     WHERE r.status IN ('admitted', 'running', 'suspended', 'parked')
                 )
-                SELECT x.status, x.parked_reason, x.workflow_id, x.reason, count(*) AS n,
+                SELECT x.status, x.parked_reason, x.workflow_id, x.queue, x.reason,
+                       count(*) AS n,
                        count(*) FILTER (WHERE x.unacknowledged_deliveries > 0) AS unacked,
                        coalesce(sum(x.unacknowledged_deliveries), 0) AS unacked_sum,
-                       -- Due (and no-worker) since due_at; every other reason
-                       -- since the record last changed.
+                       -- Due (no-worker, held back by its queue) since due_at;
+                       -- every other reason since the record last changed.
                        extract(epoch FROM max(x.read_at - CASE
-                           WHEN x.reason IN ('due', 'no-worker') THEN x.due_at
+                           WHEN x.reason IN ({_DUE_REASONS}) THEN x.due_at
                            ELSE x.updated_at END)) AS oldest
                 FROM x
-                GROUP BY x.status, x.parked_reason, x.workflow_id, x.reason
+                GROUP BY x.status, x.parked_reason, x.workflow_id, x.queue, x.reason
                 """,
                 self.config.redelivery_base,
                 self.config.redelivery_cap,
                 float(live_within_seconds),
             )
+            queues = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM queue_state")
             live = await conn.fetchrow(
                 """
                 SELECT count(*) AS workers, coalesce(sum(concurrency), 0) AS capacity
@@ -144,7 +147,13 @@ class Workers(StoreObject):
         parked: dict[str, int] = {}
         waiting: dict[tuple[str, str], int] = {}
         oldest_by_reason: dict[str, float] = {}
+        queue_due: dict[str, int] = {}
+        queue_limited: dict[str, int] = {}
         for r in rows:
+            if r["reason"] in _DUE:
+                queue_due[r["queue"]] = queue_due.get(r["queue"], 0) + r["n"]
+            if r["reason"] in QUEUE_REASONS:
+                queue_limited[r["queue"]] = queue_limited.get(r["queue"], 0) + r["n"]
             by_status[r["status"]] = by_status.get(r["status"], 0) + r["n"]
             key = (r["status"], r["workflow_id"])
             by_status_workflow[key] = by_status_workflow.get(key, 0) + r["n"]
@@ -171,4 +180,24 @@ class Workers(StoreObject):
             "integrity_conflicts": int(conflicted),
             "live_workers": live["workers"],
             "live_capacity": int(live["capacity"]),
+            # Per queue: slots held now, due executions (waiting to be
+            # claimed), those of them its limits or a pause hold back, and
+            # its effective limits (None: no such limit).
+            "queues": {
+                q["name"]: {
+                    "running": q["running"], "due": queue_due.get(q["name"], 0),
+                    "limited": queue_limited.get(q["name"], 0),
+                    "limits": {"concurrency": q["concurrency"],
+                               "per_key_concurrency": q["per_key_concurrency"],
+                               "rate_limit": q["rate_limit"],
+                               "rate_period_seconds": q["rate_period"]},
+                }
+                for q in queues
+            },
         }
+
+
+# Due: waiting to be claimed, by a worker that may be missing or behind its
+# queue's limits.
+_DUE = ("due", "no-worker", *QUEUE_REASONS)
+_DUE_REASONS = ", ".join(f"'{r}'" for r in _DUE)

@@ -64,6 +64,9 @@ BLOCKED_REASONS: dict[str, str] = {
     "waiting-for-signal": "waiting for a signal",
     "sleeping": "sleeping on a durable timer",
     "parked": "parked: needs an operator",
+    "queue-paused": "its queue is paused",
+    "concurrency-limit": "held back: its queue's concurrency limit is full",
+    "rate-limited": "held back: its queue's rate limit is spent",
     "no-worker": "no live worker runs its workflow",
     "none": "nothing: it has ended",
 }
@@ -148,6 +151,35 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        "holds it meanwhile.",
                        "Look at the child execution: it is the one that has to move.",
                        short=f"waiting for child “{child}”")
+    if reason == "queue-paused":
+        queue = blocked.get("queue")
+        return Blocked(reason, f"Due, but its queue “{queue}” is paused.",
+                       "No worker claims anything from a paused queue; what runs already "
+                       "continues.",
+                       "Resume the queue (Queues page) when it should run again.",
+                       rec.get("due_at"), "due since", f"queue “{queue}” paused")
+    if reason == "concurrency-limit":
+        queue, key = blocked.get("queue"), blocked.get("key")
+        limit, running = blocked.get("limit"), blocked.get("running")
+        whose = (f"key “{key}” of queue “{queue}”" if key is not None
+                 else f"queue “{queue}”")
+        what = "per-key concurrency limit" if key is not None else "concurrency limit"
+        return Blocked(reason, f"Due, but the {what} of {whose} is full "
+                       f"({running} of {limit} running).",
+                       "It is claimed as soon as one of those executions ends or suspends "
+                       "(unless the queue holds slots while suspended).",
+                       "Wait for a slot, or raise the limit on the Queues page.",
+                       rec.get("due_at"), "due since",
+                       f"concurrency limit: {whose} ({running}/{limit})")
+    if reason == "rate-limited":
+        queue, key = blocked.get("queue"), blocked.get("key")
+        whose = (f"key “{key}” of queue “{queue}”" if key is not None
+                 else f"queue “{queue}”")
+        return Blocked(reason, f"Due, but the rate limit of {whose} is spent.",
+                       "Its first start waits until the oldest start counted in the rate "
+                       "period leaves it.",
+                       "Wait, or raise the rate limit on the Queues page.",
+                       blocked.get("until"), "may start", f"rate limited: {whose}")
     if reason == "no-worker":
         return Blocked(reason, f"Due, but no live worker runs workflow “{blocked.get('workflowId')}”.",
                        "Workers advertise the workflows they run; none alive advertises this one.",

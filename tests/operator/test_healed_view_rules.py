@@ -5,7 +5,7 @@ leave it (cancel, deadline, poison), before the reaper has written it."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 import httpx
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(60)
 # Why an execution is not running now (blockedBy.reason), the child wait
 # included; "none" stands for terminal.
 REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "sleeping",
-           "waiting-for-signal", "waiting-for-child", "no-worker", "due")
+           "waiting-for-signal", "waiting-for-child", "queue-paused", "concurrency-limit",
+           "rate-limited", "no-worker", "due")
 
 LIVE_WORKFLOWS = ["op-quick", "op-sleep", "op-gated", "op-charge", "op-w1", "op-w2", "op-w3",
                   "op-w4", "op-w5", "op-w6", "op-w7", "op-w8"]
@@ -36,10 +37,15 @@ async def _claim(store: ExecutionStore, workflow_id: str):
 
 async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str, str]:
     """{execution_id: the blockedBy reason it must read}: one per reason."""
+    # r-leased holds the one slot of q-one; r-done's start spends q-rate's
+    # one start per hour; q-paused is paused.
+    await store.queues.change("q-one", {"concurrency": 1}, actor="test")
+    await store.queues.change("q-rate", {"rate_limit": 1, "rate_period": 3600.0}, actor="test")
+    await store.queues.change("q-paused", {"paused": True}, actor="test")
     await store.workers.register_worker("w-live", host="t", pid=1, workflows=LIVE_WORKFLOWS,
                                 concurrency=1)
     now = await store.clock.db_now()
-    await admit(store, "op-w1", "r-leased")
+    await admit(store, "op-w1", "r-leased", queue="q-one")
     await _claim(store, "op-w1")
     await admit(store, "op-w2", "r-expired")
     await _claim(store, "op-w2")
@@ -65,11 +71,16 @@ async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str
     await pool.execute("UPDATE executions SET status = 'parked', parked_reason = 'poison', "
                        "lease_owner = NULL, lease_expires_at = NULL, due_at = NULL "
                        "WHERE execution_id = 'r-parked'")
-    await admit(store, "op-w8", "r-done")
+    await admit(store, "op-w8", "r-done", queue="q-rate")
     await store.leases.acknowledge(await _claim(store, "op-w8"), "completed", result={"ok": 1})
     await admit(store, "op-quick", "r-due")
     await admit(store, "op-nobody-runs-this", "r-no-worker")
+    await admit(store, "op-quick", "r-queue-paused", queue="q-paused")
+    await admit(store, "op-quick", "r-concurrency", queue="q-one")
+    await admit(store, "op-quick", "r-rate", queue="q-rate")
     return {
+        "r-queue-paused": "queue-paused", "r-concurrency": "concurrency-limit",
+        "r-rate": "rate-limited",
         "r-leased": "leased", "r-expired": "lease-expired", "r-delay": "redelivery-delay",
         "r-sleeping": "sleeping", "r-signal": "waiting-for-signal",
         "r-parent": "waiting-for-child", "r-parked": "parked", "r-done": "none",
@@ -82,7 +93,9 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     expected = await _one_per_reason(store, pool)
     assert set(expected.values()) == set(REASONS), "every reason is exercised"
     assert set(views.BLOCKED_REASONS) == set(REASONS), "the dashboard knows every reason"
-    live = set(LIVE_WORKFLOWS)
+    # What the dashboard reads: the live workflows, and what each queue holds.
+    live = await store.history.live_workflow_ids(60)
+    assert live == set(LIVE_WORKFLOWS)
 
     rows, total = await store.dashboard.ui_list(live_workflows=live, limit=100)
     assert total == len(expected)
@@ -100,6 +113,22 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
         assert seen == dict.fromkeys(seen, reason), (eid, seen)
         found, n = await store.dashboard.ui_list(live_workflows=live, blocked_by=reason)
         assert (n, [r["execution_id"] for r in found]) == (1, [eid]), reason
+
+    # The queue reasons' details, from the counts the claim uses.
+    assert (await get_record(api, "r-queue-paused"))["blockedBy"] == {
+        "reason": "queue-paused", "queue": "q-paused"}
+    assert (await get_record(api, "r-concurrency"))["blockedBy"] == {
+        "reason": "concurrency-limit", "queue": "q-one", "running": 1, "limit": 1}
+    rate = (await get_record(api, "r-rate"))["blockedBy"]
+    started = await pool.fetchval("SELECT started_at FROM queue_starts WHERE queue = 'q-rate'")
+    assert rate == {"reason": "rate-limited", "queue": "q-rate",
+                    "until": rate["until"]}, rate
+    assert datetime.fromisoformat(rate["until"]) == started + timedelta(hours=1)
+    # The metrics count by the same rule.
+    waiting = (await store.workers.metrics_snapshot())["waiting"]
+    for eid, reason in expected.items():
+        if reason in ("queue-paused", "concurrency-limit", "rate-limited"):
+            assert sum(n for (r, _), n in waiting.items() if r == reason) == 1, (reason, waiting)
 
     # The parent waiting for its child is not "waiting for a free worker".
     assert (await get_record(api, "r-parent"))["blockedBy"] == {
@@ -252,7 +281,9 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
             python = reason_of(row, live)
             assert answer["reason"] == python, (row, live)
             counts[python] = counts.get(python, 0) + 1
-    assert set(counts) == set(REASONS), counts  # every rule was reached
+    # Every rule was reached but the queue's (no queue state here: see below).
+    assert set(counts) == set(REASONS) - {"queue-paused", "concurrency-limit",
+                                          "rate-limited"}, counts
 
 
 async def test_reads_use_the_stores_own_poison_threshold(pool: asyncpg.Pool) -> None:
@@ -281,3 +312,71 @@ async def test_get_and_list_use_the_stores_own_poison_threshold(pool: asyncpg.Po
     assert (got["status"], listed["status"]) == ("parked", "parked")
     await LeaseReaper(store).run_once()
     assert (await store.history.get(eid))["status"] == "parked"
+
+
+async def test_queue_rules_in_sql_and_python_agree_over_every_combination(
+        pool: asyncpg.Pool) -> None:
+    """The queue reasons (queue-paused, concurrency-limit, rate-limited) in
+    SQL, over the queue_state / key_state rows, and in Python, over the
+    QueueState they are read into, agree for every combination of what a
+    queue holds, its settings, and the record (status, first start or not,
+    with or without a key)."""
+    import itertools
+    import json
+
+    from app.blocked import Live, queue_states, reason_of, reason_sql
+
+    now = await pool.fetchval("SELECT now()")
+    oldest = now - timedelta(seconds=10)
+    queues, keys = [], []
+    for i, (paused, conc, per_key, rate, per_key_rate, hold, q_run, q_starts, k_run,
+            k_starts) in enumerate(itertools.product(
+                (False, True), (None, 1), (None, 1), (None, 1), (False, True), (False, True),
+                (0, 1), (0, 1), (0, 1), (0, 1))):
+        name = f"q{i}"
+        queues.append({
+            "name": name, "paused": paused, "concurrency": conc, "per_key_concurrency": per_key,
+            "rate_limit": rate, "rate_period": 60.0 if rate else None,
+            "rate_per_key": per_key_rate, "hold_while_suspended": hold, "running": q_run,
+            # As queue_state reads them: starts only for a rate limit per queue.
+            "starts": q_starts if rate and not per_key_rate else None,
+            "oldest_start": oldest if rate and not per_key_rate and q_starts else None})
+        keys.append({"queue": name, "concurrency_key": "a", "running": k_run,
+                     "starts": k_starts, "oldest_start": oldest if k_starts else None})
+    rows = [
+        {"status": s, "lease_expired": False, "redeliver_after": None,
+         "due_at": now - timedelta(seconds=1), "waiting_on": None, "workflow_id": "wf",
+         "read_at": now, "queue": q["name"], "concurrency_key": key, "token": token}
+        for q in queues for s in ("admitted", "suspended", "completed")
+        for key in (None, "a", "b") for token in (0, 1)
+    ]
+    live = Live({"wf"}, queue_states(queues, keys))
+    answers = await pool.fetch(
+        f"""
+        SELECT {reason_sql("r", "$4::text[]", "q", "k")} AS reason
+        FROM jsonb_to_recordset($1::jsonb) AS r(
+            status text, lease_expired boolean, redeliver_after timestamptz,
+            due_at timestamptz, waiting_on jsonb, workflow_id text, read_at timestamptz,
+            queue text, concurrency_key text, token bigint, i int)
+        LEFT JOIN jsonb_to_recordset($2::jsonb) AS q(
+            name text, paused boolean, concurrency int, per_key_concurrency int,
+            rate_limit int, rate_period float8, rate_per_key boolean,
+            hold_while_suspended boolean, running int, starts int, oldest_start timestamptz)
+            ON q.name = r.queue
+        LEFT JOIN jsonb_to_recordset($3::jsonb) AS k(
+            queue text, concurrency_key text, running int, starts int,
+            oldest_start timestamptz)
+            ON k.queue = r.queue AND k.concurrency_key = r.concurrency_key
+        ORDER BY r.i
+        """,
+        *(json.loads(json.dumps(x, default=lambda t: t.isoformat()))
+          for x in ([{**row, "i": i} for i, row in enumerate(rows)], queues, keys)),
+        ["wf"],
+    )
+    assert len(answers) == len(rows)
+    counts: dict[str, int] = {}
+    for row, answer in zip(rows, answers, strict=True):
+        python = reason_of(row, live)
+        assert answer["reason"] == python, row
+        counts[python] = counts.get(python, 0) + 1
+    assert set(counts) == {"none", "queue-paused", "concurrency-limit", "rate-limited", "due"}
