@@ -66,6 +66,9 @@ class ProcessMetrics:
         # -- lease churn
         self.claims = Counter("fencepost_claims", "Leases taken by claim_due.", ["workflow"],
                               registry=r)
+        self.queue_starts = Counter(
+            "fencepost_queue_starts", "Starts (first claims of an execution) by queue: what a "
+            "queue's rate limit counts.", ["queue"], registry=r)
         self.renewals = Counter("fencepost_renewals", "Leases renewed.", registry=r)
         self.leases_lost = Counter(
             "fencepost_leases_lost", "Leases found lost (renewal or fenced write).", registry=r
@@ -184,6 +187,10 @@ class ProcessMetrics:
             for outcome in DELIVERY_OUTCOMES:
                 self.deliveries.labels(wf, outcome)
 
+    def init_queues(self, queues: Iterable[str]) -> None:
+        for queue in queues:
+            self.queue_starts.labels(queue)
+
     def init_route(self, route: str, method: str, statuses: Iterable[int | str]) -> None:
         self.http_seconds.labels(route, method)
         for status in statuses:
@@ -201,9 +208,12 @@ class ProcessMetrics:
                 self.parks.labels(park_reason).inc()
 
     def claimed(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """A committed claim's rows (workflow_id, how, token, since_admitted)."""
+        """A committed claim's rows (workflow_id, how, token, since_admitted,
+        queue, starts: a first claim)."""
         for row in rows:
             self.claims.labels(row["workflow_id"]).inc()
+            if row.get("starts"):
+                self.queue_starts.labels(row["queue"]).inc()
             if row["how"] == "expired":
                 self.lease_takeovers.labels("claim").inc()
             if row["token"] == 1:
@@ -265,8 +275,10 @@ def database_families(snap: dict[str, Any] | None) -> list[Metric]:
         labels=["reason"])
     for reason in WAITING_REASONS:
         oldest_by_reason.add_metric([reason], snap["oldest_by_reason"].get(reason, 0.0))
+    queue_families = _queue_families(snap.get("queues", {}))
     return [
         up,
+        *queue_families,
         by_status,
         parked,
         waiting,
@@ -299,6 +311,40 @@ def database_families(snap: dict[str, Any] | None) -> list[Metric]:
                           "Sum of the live workers' concurrency.",
                           value=snap["live_capacity"]),
     ]
+
+
+# A queue's configured limits, by the `kind` label of fencepost_queue_limit.
+QUEUE_LIMIT_KINDS = ("concurrency", "per_key_concurrency", "rate_limit", "rate_period_seconds")
+
+
+def _queue_families(queues: Mapping[str, Mapping[str, Any]]) -> list[Metric]:
+    """Per queue, read as the claim counts (app/blocked.py's queue state)."""
+    running = GaugeMetricFamily(
+        "fencepost_queue_running", "Executions of the queue holding a slot now: running with "
+        "an unexpired lease, and suspended ones when the queue holds slots while suspended.",
+        labels=["queue"])
+    due = GaugeMetricFamily(
+        "fencepost_queue_due", "Executions of the queue that are due (waiting to be claimed: "
+        "blockedBy due, no-worker, queue-paused, concurrency-limit or rate-limited).",
+        labels=["queue"])
+    limited = GaugeMetricFamily(
+        "fencepost_queue_limited", "Due executions of the queue that its limits or a pause "
+        "hold back (blockedBy queue-paused, concurrency-limit or rate-limited).",
+        labels=["queue"])
+    limit = GaugeMetricFamily(
+        "fencepost_queue_limit", "The queue's effective limits (declared in code, or set at "
+        "run time): concurrency, per_key_concurrency, rate_limit (starts per period), "
+        "rate_period_seconds; absent when the queue has no such limit.",
+        labels=["queue", "kind"])
+    for name in sorted(queues):
+        q = queues[name]
+        running.add_metric([name], q["running"])
+        due.add_metric([name], q["due"])
+        limited.add_metric([name], q["limited"])
+        for kind in QUEUE_LIMIT_KINDS:
+            if q["limits"].get(kind) is not None:
+                limit.add_metric([name, kind], q["limits"][kind])
+    return [running, due, limited, limit]
 
 
 def render_with_database(snap: dict[str, Any] | None) -> bytes:
