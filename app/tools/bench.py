@@ -21,6 +21,14 @@ embedded Postgres), then:
    rounds (so drift in the machine's load falls on both); the ratio of their
    admissions/s is what a quota costs (1.0 = nothing).
 
+`--queues` measures flow control instead (no API; the workers alone): as many
+executions on a queue limited per concurrency key (--per-key-concurrency,
+over --queue-keys keys) as on a queue with no limit, each admitted while its
+queue is paused and then drained; executions/s runs from the first claim to
+the last completion on the database clock, in alternating rounds. The per-key
+limit is set (at run time) for the limited rounds only: a claim locks every
+limited queue, so the unlimited rounds run with no limited queue at all.
+
 Machines here are shared and noisy: compare figures within one run.
 """
 
@@ -55,6 +63,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sequential admissions for start latency (default 50)")
     p.add_argument("--quota-executions", type=int, default=1000,
                    help="admissions per token in the quota phase (default 1000; 0 skips it)")
+    p.add_argument("--queues", action="store_true",
+                   help="instead: a queue limited per key next to an unlimited one")
+    p.add_argument("--queue-executions", type=int, default=10_000,
+                   help="--queues: executions on each queue (default 10000)")
+    p.add_argument("--queue-keys", type=int, default=100,
+                   help="--queues: concurrency keys of the limited queue (default 100)")
+    p.add_argument("--per-key-concurrency", type=int, default=2,
+                   help="--queues: the limited queue's per-key concurrency (default 2)")
 
 
 def _free_port() -> int:
@@ -328,6 +344,130 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
         await conn.close()
 
 
+# The rounds of `--queues`, alternating which queue goes first, so that drift
+# in the machine's load falls on both.
+QUEUE_ROUNDS = 2
+
+
+async def _wait_workers(pool: asyncpg.Pool, workers: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while await pool.fetchval(
+        "SELECT count(*) FROM workers WHERE stopped_at IS NULL "
+        "AND heartbeat_at > now() - interval '60 seconds'"
+    ) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not become ready in time")
+        await asyncio.sleep(0.1)
+
+
+async def _drain(store, pool: asyncpg.Pool, queue: str, workflow_id: str, ids: list[str],
+                 keys: int | None) -> tuple[float, int]:
+    """Admit `ids` to the paused `queue`, resume it, wait until every one
+    completed, pause it again; (seconds from the first claim to the last
+    completion, claim statements that took any of them)."""
+    pending = iter(enumerate(ids))
+
+    async def admitter() -> None:
+        for i, eid in pending:
+            key = f"key-{i % keys}" if keys else None
+            await store.admissions.admit(workflow_id=workflow_id, execution_id=eid,
+                                         params={"n": i, "key": key}, queue=queue,
+                                         concurrency_key=key)
+
+    await asyncio.gather(*(admitter() for _ in range(8)))
+    await store.queues.change(queue, {}, actor="bench", reset=["paused"])
+    deadline = time.monotonic() + max(120, len(ids) / 20)
+    while await pool.fetchval(
+        "SELECT count(*) FROM executions "
+        "WHERE queue = $1 AND status IN ('admitted', 'suspended', 'running')", queue
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the workers did not drain queue {queue} in time")
+        await asyncio.sleep(0.05)
+    await store.queues.change(queue, {"paused": True}, actor="bench")
+    done = await pool.fetchval(
+        "SELECT count(*) FROM executions WHERE execution_id = ANY($1::text[]) "
+        "AND status = 'completed'", ids)
+    if done != len(ids):
+        raise RuntimeError(f"only {done} of {len(ids)} executions on {queue} completed")
+    span, claims = await pool.fetchrow(
+        """
+        SELECT extract(epoch FROM (SELECT max(updated_at) FROM executions
+                                   WHERE execution_id = ANY($1::text[])) - min(v.at)),
+               count(DISTINCT (v.detail->>'owner', v.at))
+        FROM execution_events v
+        WHERE v.execution_id = ANY($1::text[]) AND v.kind = 'claimed'
+        """,
+        ids,
+    )
+    return float(span), int(claims)
+
+
+async def _measure_queues(url: str, args: argparse.Namespace, settings: Settings,
+                          start_workers) -> dict:
+    from app.db import create_pool
+    from app.store import ExecutionStore
+    from app.tools.benchflows import FREE_QUEUE, KEYED_QUEUE
+
+    pool = await create_pool(settings.model_copy(update={"database_url": url}),
+                             min_size=1, max_size=8)
+    try:
+        store = ExecutionStore(pool)
+        for queue in (FREE_QUEUE.name, KEYED_QUEUE.name):
+            await store.queues.change(queue, {"paused": True}, actor="bench")
+        start_workers()
+        await _wait_workers(pool, args.workers)
+        run = f"bench-{uuid.uuid4().hex[:8]}"
+        seconds = {"free": 0.0, "keyed": 0.0}
+        claims = {"free": 0, "keyed": 0}
+        for r in range(QUEUE_ROUNDS):
+            size = args.queue_executions // QUEUE_ROUNDS + (
+                1 if r < args.queue_executions % QUEUE_ROUNDS else 0)
+            for side in ("free", "keyed") if r % 2 == 0 else ("keyed", "free"):
+                ids = [f"{run}-{side}-{r}-{i}" for i in range(size)]
+                if side == "keyed":
+                    await store.queues.change(
+                        KEYED_QUEUE.name, {"per_key_concurrency": args.per_key_concurrency},
+                        actor="bench")
+                    span, n = await _drain(store, pool, KEYED_QUEUE.name, "bench-keyed", ids,
+                                           args.queue_keys)
+                    # The unlimited rounds run with no limited queue.
+                    await store.queues.change(KEYED_QUEUE.name, {}, actor="bench",
+                                              reset=["per_key_concurrency"])
+                else:
+                    span, n = await _drain(store, pool, FREE_QUEUE.name, "bench-free", ids, None)
+                seconds[side] += span
+                claims[side] += n
+    finally:
+        await pool.close()
+    n = args.queue_executions
+    unlimited, limited = n / seconds["free"], n / seconds["keyed"]
+    return {
+        "executions_per_second_unlimited": unlimited,
+        "executions_per_second_per_key_limited": limited,
+        "per_key_limited_ratio": limited / unlimited,
+        "executions_per_claim_unlimited": n / max(claims["free"], 1),
+        "executions_per_claim_per_key_limited": n / max(claims["keyed"], 1),
+    }
+
+
+def _run_queues(url: str, args: argparse.Namespace, settings: Settings) -> dict:
+    env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
+    workers: list = []
+
+    def start_workers() -> None:
+        workers.extend(spawn_children(url, host="127.0.0.1", port=0, workers=args.workers,
+                                      concurrency=args.concurrency, env_extra=env,
+                                      log_level="warning", stderr=devnull, api=False))
+
+    try:
+        return asyncio.run(_measure_queues(url, args, settings, start_workers))
+    finally:
+        stop_children(workers)
+        devnull.close()
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
@@ -336,6 +476,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if args.quota_executions < 0:
         print("error: --quota-executions must be 0 (skip the quota phase) or positive")
+        return 2
+    if args.queues and min(args.queue_executions, args.queue_keys,
+                           args.per_key_concurrency) < 1:
+        print("error: --queue-executions, --queue-keys and --per-key-concurrency must be "
+              "positive")
         return 2
     server = None
     url = settings.database_url
@@ -346,6 +491,28 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         server = start_embedded_postgres(data_dir / "pg")
         url = server.url
     asyncio.run(upgrade(url))
+    if args.queues:
+        try:
+            result = _run_queues(url, args, settings)
+        finally:
+            if server is not None:
+                server.stop()
+        print(json.dumps({
+            "benchmark": "fencepost",
+            "mode": "queues",
+            "executions": args.queue_executions,
+            "queue_keys": args.queue_keys,
+            "per_key_concurrency": args.per_key_concurrency,
+            "workers": args.workers,
+            "concurrency": args.concurrency,
+            "steps_per_execution": 3,
+            "database": "embedded" if server is not None else "DATABASE_URL",
+            "lease_seconds": settings.lease_seconds,
+            "renew_seconds": settings.renew_seconds,
+            "cpus": os.cpu_count(),
+            **{k: round(v, 2) for k, v in result.items()},
+        }))
+        return 0
     port = _free_port()
     env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
     devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
