@@ -20,6 +20,7 @@ from app.api.routes import (
     history,
     metrics,
     operations,
+    queues,
     redrive,
     schedules,
     signals,
@@ -28,7 +29,7 @@ from app.api.waiters import Waiters
 from app.db import create_pool
 from app.metrics import METRICS
 from app.migrate import check_schema
-from app.registry import WorkflowDefinition, load_workflows
+from app.registry import WorkflowDefinition, declared_queues, load_workflows
 from app.settings import Settings
 from app.store import ExecutionStore
 from app.ui import routes as ui_routes
@@ -49,6 +50,10 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
             app.state.settings = settings
             app.state.store = ExecutionStore.from_settings(pool, settings)
             app.state.workflows = workflows
+            # The queues this code declares, as workers record them: a queue
+            # is readable (and its declared limits shown) before any worker starts.
+            await app.state.store.queues.declare(
+                {q.name: q.settings() for q in declared_queues(workflows or {})})
             app.state.verifier = TokenVerifier(app.state.store)
             # One LISTEN connection, outside the pool, for every long-poll request.
             app.state.waiters = Waiters(settings, app.state.store)
@@ -86,6 +91,7 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(history.router)
     app.include_router(metrics.router)
     app.include_router(schedules.router)
+    app.include_router(queues.router)
     app.include_router(ui_routes.router)
     preinitialise(app)
     METRICS.init_workflows(workflows or {})

@@ -21,6 +21,9 @@ EXECUTION_ID_PATTERN = r"^[A-Za-z0-9._:~-]{1,1000}$"
 
 Status = Literal[STATUSES]  # type: ignore[valid-type]
 
+# A delayed start further out than a year is a mistake, not a plan.
+MAX_DELAY_SECONDS = 366 * 86400
+
 
 # A date and time with its offset (RFC 3339, the schema's date-time).
 _RFC3339 = re.compile(
@@ -86,6 +89,24 @@ class AdmitRequest(Camel):
         description="When executionId is taken: error (409 EXECUTION_ID_CONFLICT), or return "
         "(200 with the existing record when it has this workflowId and equal params; else 409).",
     )
+    priority: Annotated[int, Field(ge=-1000, le=1000), JSON_INTEGER] = Field(
+        0, description="Order among the queue's due executions: lower first; equal priorities "
+        "first due, first claimed. A steady stream of lower numbers can starve higher ones.",
+    )
+    start_at: TimeString | None = Field(
+        None, description="First due at this time (RFC 3339 with offset; a past time is now). "
+        "Not with delaySeconds.",
+    )
+    delay_seconds: float | None = Field(
+        None, ge=0, le=MAX_DELAY_SECONDS, strict=True,
+        description="First due this many seconds after admission (database clock). "
+        "Not with startAt.",
+    )
+    concurrency_key: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="The key per-key limits of the queue count under; wins over the key the "
+        "workflow declares. Omitted: the declared key, else none (no per-key limit).",
+    )
 
 
 class Admission(Camel):
@@ -138,6 +159,11 @@ class ExecutionSummary(Camel):
         0, description="Late observations of stale holders that differ from what was recorded "
         "(the recorded value stands); see the events of kind integrity_conflict.",
     )
+    queue: str = Field(description="The queue whose limits it runs under (its workflow's, "
+                       "else `default`).")
+    concurrency_key: str | None = Field(
+        description="The key per-key limits count it under; null: no per-key limit.")
+    priority: int = Field(description="Order among the queue's due executions: lower first.")
     blocked_by: dict[str, Any] | None = Field(
         None, description="Why it is not moving: reason ("
         + ", ".join(r for r in REASONS if r != "none")
@@ -248,6 +274,9 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
             {"reason": row["parked_reason"], "step": row["parked_step"]}
             if row["status"] == "parked" else None
         ),
+        "queue": row["queue"],
+        "concurrencyKey": row["concurrency_key"],
+        "priority": row["priority"],
         "blockedBy": blocked_by(row, live_workflows),
     }
 

@@ -76,6 +76,11 @@ OPERATION_IDS: dict[tuple[str, str], str] = {
     ("get", "/v1/schedules/{schedule_id}/events"): "listScheduleEvents",
     ("post", "/v1/schedules/{schedule_id}/pause"): "pauseSchedule",
     ("post", "/v1/schedules/{schedule_id}/resume"): "resumeSchedule",
+    ("get", "/v1/queues"): "listQueues",
+    ("get", "/v1/queues/{name}"): "getQueue",
+    ("put", "/v1/queues/{name}"): "changeQueue",
+    ("post", "/v1/queues/{name}/pause"): "pauseQueue",
+    ("post", "/v1/queues/{name}/resume"): "resumeQueue",
 }
 
 _EXECUTION_OPS = ("getExecution", "listExecutionEvents", "listExecutionSteps",
@@ -141,6 +146,13 @@ def _either_deadline_or_timeout(body: dict) -> None:
     body["not"] = _given("deadline", "timeoutSeconds")
 
 
+def _admission(body: dict) -> None:
+    # A deadline is absolute or relative to now, and so is a delayed start;
+    # neither is given both ways at once.
+    body["not"] = {"anyOf": [_given("deadline", "timeoutSeconds"),
+                             _given("startAt", "delaySeconds")]}
+
+
 def _resolution(body: dict) -> None:
     # succeed records `result` (null included) and only succeed carries one;
     # fail records `error` and only fail carries one.
@@ -182,7 +194,7 @@ def _schedule(body: dict) -> None:
 
 # operationId -> the rules its request body is held to beyond its fields' types.
 STATED_RULES = {
-    "admitExecution": _either_deadline_or_timeout,
+    "admitExecution": _admission,
     "redriveExecution": _either_deadline_or_timeout,
     "resolveStep": _resolution,
     "createOperation": _bulk_operation,

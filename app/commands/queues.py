@@ -45,17 +45,15 @@ def checked_change(name: str, settings: dict[str, Any],
     fields = set(reset)
     if fields & set(RATE_FIELDS):
         fields |= set(RATE_FIELDS)
-    both = sorted(fields & set(settings))
-    if both:
-        raise invalid_settings(f"{', '.join(both)} is both set and reset: give one or the other")
     return settings, sorted(fields)
 
 
 async def change_queue(store, name: str, settings: dict[str, Any], reset: list[str],
                        by: str) -> dict[str, Any]:
-    """Set run-time settings of queue `name` (they win over the declared
-    ones) and reset the fields in `reset` to the declared values; a queue
-    nobody declared is created. Returns the queue's settings row."""
+    """Reset the fields in `reset` to the declared values, then set the
+    run-time settings given (they win over the declared ones; a field both
+    reset and given takes the given value); a queue nobody declared is
+    created. Returns the queue's settings row."""
     settings, fields = checked_change(name, settings, reset)
     row = await store.queues.change(name, settings, actor=by, reset=fields)
     _log("change", by, name)
@@ -63,7 +61,8 @@ async def change_queue(store, name: str, settings: dict[str, Any], reset: list[s
 
 
 async def pause(store, name: str, by: str) -> dict[str, Any]:
-    """Nothing of the queue is claimed until it is resumed (what runs goes on)."""
+    """Nothing of the queue is claimed until it is resumed (what runs goes
+    on). A queue that does not exist is QUEUE_NOT_FOUND."""
     return await _set_paused(store, name, True, by)
 
 
@@ -72,8 +71,11 @@ async def resume(store, name: str, by: str) -> dict[str, Any]:
 
 
 async def _set_paused(store, name: str, paused: bool, by: str) -> dict[str, Any]:
-    settings, _ = checked_change(name, {"paused": paused}, [])
-    row = await store.queues.change(name, settings, actor=by, reset=[])
+    # Only a queue that exists: a typo must not create a paused queue.
+    if UNSTORABLE_TEXT.search(name) or await store.queues.get(name) is None:
+        _log("pause" if paused else "resume", by, name, "not_found")
+        raise queue_not_found(name)
+    row = await store.queues.change(name, {"paused": paused}, actor=by, reset=[])
     _log("pause" if paused else "resume", by, name)
     return row
 
@@ -92,5 +94,5 @@ async def read_queue(store, name: str) -> dict[str, Any]:
             "changes": await store.queues.changes(name, CHANGES_SHOWN)}
 
 
-def _log(action: str, by: str, name: str) -> None:
-    operator_action(action, by=by, result="done", queue=name)
+def _log(action: str, by: str, name: str, result: str = "done") -> None:
+    operator_action(action, by=by, result=result, queue=name)

@@ -25,7 +25,6 @@ async def test_reading_an_unknown_queue_is_not_found(store) -> None:
     ("q", {"paused": None}, [], "paused must be true or false"),
     ("q", {"speed": 3}, [], "unknown queue settings: speed"),
     ("q", {}, ["speed"], "reset: unknown queue settings: speed"),
-    ("q", {"concurrency": 2}, ["concurrency"], "concurrency is both set and reset"),
 ])
 async def test_settings_that_cannot_be_stored_are_refused_with_what_to_fix(
         store, name, given, reset, says) -> None:
@@ -65,6 +64,13 @@ async def test_a_change_overrides_the_declared_setting_until_reset(store, caplog
         ("pause", "carol", "done", "payments"), ("resume", "dave", "done", "payments")]
 
 
+async def test_a_setting_both_reset_and_given_takes_the_given_value(store) -> None:
+    await queues.change_queue(store, "both", {"concurrency": 2, "paused": True}, [], "a")
+    row = await queues.change_queue(store, "both", {"concurrency": 3},
+                                    ["concurrency", "paused"], "a")
+    assert row["override"] == {"concurrency": 3}
+
+
 async def test_a_change_creates_an_unknown_queue(store) -> None:
     row = await queues.change_queue(store, "fresh", {"per_key_concurrency": 1}, [], "alice")
     assert row["per_key_concurrency"] == 1
@@ -84,3 +90,10 @@ async def test_a_queue_counts_what_runs_and_what_is_due(store) -> None:
     assert delivery.queue == "counted"
     view = await queues.read_queue(store, "counted")
     assert view["counts"] == {"running": 1, "due": 2, "starts_in_period": 1}
+
+
+@pytest.mark.parametrize("action", [queues.pause, queues.resume])
+async def test_pausing_or_resuming_an_unknown_queue_is_not_found(store, action) -> None:
+    await refused(action(store, "nowhere", "alice"), 404, "QUEUE_NOT_FOUND")
+    await refused(action(store, "bad\x00", "alice"), 404, "QUEUE_NOT_FOUND")
+    assert await store.queues.get("nowhere") is None

@@ -101,6 +101,8 @@ ROLES: dict[str, tuple[str | None, ...]] = {
     "createSchedule": OPERATE, "pauseSchedule": OPERATE, "resumeSchedule": OPERATE,
     "deleteSchedule": OPERATE,
     "listSchedules": STRICT_READ, "getSchedule": STRICT_READ, "listScheduleEvents": STRICT_READ,
+    "listQueues": STRICT_READ, "getQueue": STRICT_READ,
+    "changeQueue": OPERATE, "pauseQueue": OPERATE, "resumeQueue": OPERATE,
 }
 
 _LISTS = ("listExecutions", "listExecutionEvents", "listExecutionSteps", "listLateObservations",

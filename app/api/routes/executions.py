@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Annotated, Literal
 
@@ -51,6 +51,8 @@ from app.api.waiters import wait_or_gone
 from app.blocked import REASONS
 from app.commands import executions as commands
 from app.logs import REQUEST_ID
+from app.queues import DEFAULT_QUEUE
+from app.registry import WorkflowDefinition
 from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
 from app.store.admission import Existing
@@ -59,13 +61,18 @@ from app.store.admission import Existing
 BlockedReason = Enum(  # type: ignore[misc]
     "BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
 
+# The latest first due time: the driver stores its greatest datetime as
+# infinity, which reads back as a time without a zone.
+LATEST_START = datetime(9999, 12, 31, tzinfo=UTC)
+
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
 @router.post(
     "",
     status_code=201,
     response_model=Admission,
-    summary="Admit an execution: record it once and make it due now",
+    summary="Admit an execution: record it once and make it due now (or at startAt / after "
+    "delaySeconds), on its workflow's queue",
     openapi_extra=_body_schema(AdmitRequest),
     responses={
         **FORBIDDEN,
@@ -76,7 +83,8 @@ router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUT
         404: refusal("WORKFLOW_NOT_FOUND"),
         409: refusal("EXECUTION_ID_CONFLICT: names the existing execution"),
         422: refusal("INVALID_REQUEST / INVALID_EXECUTION_EVENT / INVALID_PARAMS / "
-                     "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST"),
+                     "RESERVED_EXECUTION_ID / DEADLINE_IN_THE_PAST / INVALID_CONCURRENCY_KEY: "
+                     "the workflow's declared concurrency key cannot be made from these params"),
         **RATE_LIMITED,
     },
 )
@@ -101,8 +109,24 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
     if req.deadline is not None and req.deadline.tzinfo is None:
         raise ApiError(422, "INVALID_REQUEST",
                        "deadline: give a time zone offset (for example 2026-01-01T00:00:00Z)")
+    if req.start_at is not None and req.delay_seconds is not None:
+        raise ApiError(422, "INVALID_REQUEST",
+                       "give either startAt or delaySeconds, not both")
+    if req.concurrency_key is not None and _UNSTORABLE_TEXT.search(req.concurrency_key):
+        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+                       "concurrencyKey cannot be stored exactly (NUL or a lone surrogate); "
+                       "send plain text")
+    start_at = req.start_at
+    if start_at is not None:
+        try:
+            start_at = min(start_at.astimezone(UTC), LATEST_START)
+        except OverflowError:
+            # Beyond what a datetime holds in UTC (year 1 or 9999 and an
+            # offset): a start in the past is now, a later one the latest.
+            start_at = None if start_at.year == 1 else LATEST_START
     timeout_seconds = req.timeout_seconds
     definition = registered_workflow(request, req.workflow_id, req.params)
+    queue, concurrency_key = _flow_of(definition, req)
     if definition is not None and req.deadline is None and timeout_seconds is None:
         timeout_seconds = definition.timeout_seconds
     if req.deadline is not None:
@@ -133,6 +157,11 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                 # This span's context (else the caller's): the deliveries' parent.
                 traceparent=tracing.current_traceparent() or incoming,
                 request_id=REQUEST_ID.get(),
+                queue=queue,
+                concurrency_key=concurrency_key,
+                priority=req.priority,
+                start_at=start_at,
+                delay_seconds=req.delay_seconds,
             )
     except InvalidEvent as exc:
         raise ApiError(
@@ -177,6 +206,31 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         )
     response.headers["Location"] = f"/v1/executions/{result.execution_id}"
     return {"executionId": result.execution_id, "status": result.status}
+
+
+def _flow_of(definition: WorkflowDefinition | None, req: AdmitRequest) -> tuple[str, str | None]:
+    """The queue an admitted execution is on (its workflow's, else the
+    default one) and its concurrency key (the body's, else the one its
+    workflow declares from the params, else none)."""
+    queue = definition.queue.name if definition is not None else DEFAULT_QUEUE
+    if req.concurrency_key is not None or definition is None:
+        return queue, req.concurrency_key
+    try:
+        key = definition.key_of(req.params)
+    # The declared key is the workflow author's code run on these params:
+    # whatever it raises, these params have no key it can make.
+    except Exception as exc:
+        raise ApiError(
+            422, "INVALID_CONCURRENCY_KEY",
+            f"{exc}; nothing was admitted. Fix the params, or give concurrencyKey",
+        ) from None
+    if key is not None and _UNSTORABLE_TEXT.search(key):
+        raise ApiError(
+            422, "INVALID_CONCURRENCY_KEY",
+            f"the concurrency key of {req.workflow_id!r} cannot hold NUL or lone surrogates; "
+            "nothing was admitted. Fix the params, or give concurrencyKey",
+        )
+    return queue, key
 
 
 async def _existing_record(store, settings, principal, existing: Existing) -> dict | None:
