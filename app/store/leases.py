@@ -75,11 +75,26 @@ class Leases(StoreObject):
                 SELECT * FROM lim WHERE NOT is_key AND NOT closed
             ), due AS (
                 SELECT c.* FROM open_queues q, LATERAL (
+                    -- The queue's priority levels, one index probe each, so
+                    -- that executions not due yet at one level (sleepers) are
+                    -- never scanned on the way to the due ones of the next.
+                    WITH RECURSIVE levels(priority) AS (
+                        SELECT min(x.priority) FROM executions x
+                        WHERE x.queue = q.queue AND x.status IN ('admitted', 'suspended')
+                        UNION ALL
+                        SELECT (SELECT min(x.priority) FROM executions x
+                                WHERE x.queue = q.queue
+                                  AND x.status IN ('admitted', 'suspended')
+                                  AND x.priority > levels.priority)
+                        FROM levels WHERE levels.priority IS NOT NULL
+                    )
+                    SELECT priority FROM levels WHERE priority IS NOT NULL
+                ) l, LATERAL (
                     SELECT e.execution_id, 'due'::text AS how, NULL::text AS old_owner,
                            NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
                            e.priority, e.due_at AS since, e.status AS was, e.token
                     FROM executions e
-                    WHERE e.queue = q.queue
+                    WHERE e.queue = q.queue AND e.priority = l.priority
                       AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
                       AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
                       AND ($6::text[] IS NULL OR e.workflow_id = ANY($6::text[]))
@@ -102,7 +117,7 @@ class Leases(StoreObject):
                             AND k.concurrency_key = e.concurrency_key
                             AND ((k.run_free = 0 AND NOT (k.hold AND e.status = 'suspended'))
                                  OR (k.start_free = 0 AND e.token = 0))))
-                    ORDER BY e.priority, e.due_at
+                    ORDER BY e.due_at
                     LIMIT $1
                     FOR UPDATE OF e SKIP LOCKED
                 ) c
