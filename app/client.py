@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -35,11 +35,12 @@ from urllib.parse import quote
 import httpx
 
 __all__ = [
-    "ERRORS_BY_CODE", "AsyncClient", "Client", "DatabaseUnavailable", "DeadlineInThePast",
+    "ERRORS_BY_CODE", "KEEP", "AsyncClient", "Client", "DatabaseUnavailable", "DeadlineInThePast",
     "ExecutionCancelled", "ExecutionFailed", "ExecutionIdConflict", "ExecutionNotEnded",
     "ExecutionNotFound", "ExecutionNotParked", "ExecutionTerminal", "ExecutionTimedOut",
     "ExecutionUnsuccessful", "FencepostError", "Forbidden", "HostNotAllowed", "InvalidCursor",
-    "InvalidExecutionEvent", "InvalidParams", "InvalidRequest", "InvalidResolution",
+    "InvalidConcurrencyKey", "InvalidExecutionEvent", "InvalidParams", "InvalidQueueSettings",
+    "InvalidRequest", "InvalidResolution", "QueueNotFound",
     "InvalidSchedule", "MalformedJson", "MethodNotAllowed", "NotFound", "PayloadTooLarge",
     "RateLimited", "RedriveNeedsFromStep", "RequestHeaderFieldsTooLarge", "RequestTimeout",
     "ReservedExecutionId", "SchemaOutOfDate", "ScheduleExists", "ScheduleNotFound", "Started", "StepNotFound",
@@ -194,6 +195,18 @@ class InvalidSchedule(FencepostError):
     code = "INVALID_SCHEDULE"
 
 
+class QueueNotFound(FencepostError):
+    code = "QUEUE_NOT_FOUND"
+
+
+class InvalidQueueSettings(FencepostError):
+    code = "INVALID_QUEUE_SETTINGS"
+
+
+class InvalidConcurrencyKey(FencepostError):
+    code = "INVALID_CONCURRENCY_KEY"
+
+
 class MethodNotAllowed(FencepostError):
     code = "METHOD_NOT_ALLOWED"
 
@@ -232,6 +245,7 @@ ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
         ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, ExecutionNotEnded,
         RedriveNeedsFromStep, OperationNotFound, OperationFinished, TooManyMatched,
         ScheduleNotFound, ScheduleExists, InvalidSchedule,
+        QueueNotFound, InvalidQueueSettings, InvalidConcurrencyKey,
         MethodNotAllowed, HostNotAllowed, RequestHeaderFieldsTooLarge, SchemaOutOfDate, RateLimited,
         TooManyPendingSignals, DatabaseUnavailable,
     )
@@ -334,9 +348,9 @@ def _path(*parts: str) -> str:
 
 def _admission(workflow_id: str, params: Any, execution_id: str | None, if_exists: str,
                timeout_seconds: float | None, deadline: datetime | str | None,
-               context: Mapping[str, Any] | None) -> dict[str, Any]:
+               context: Mapping[str, Any] | None, flow: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"workflowId": workflow_id,
-                            "params": {} if params is None else params}
+                            "params": {} if params is None else params, **flow}
     if execution_id is not None:
         body["executionId"] = execution_id
     if if_exists != "error":
@@ -347,6 +361,54 @@ def _admission(workflow_id: str, params: Any, execution_id: str | None, if_exist
         body["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
     if context is not None:
         body["context"] = dict(context)
+    return body
+
+
+def _flow(priority: int | None, start_at: datetime | str | None, delay_seconds: float | None,
+          concurrency_key: str | None) -> dict[str, Any]:
+    """Admission's flow-control fields, those given."""
+    return _without_none(
+        priority=priority,
+        startAt=start_at.isoformat() if isinstance(start_at, datetime) else start_at,
+        delaySeconds=float(delay_seconds) if delay_seconds is not None else None,
+        concurrencyKey=concurrency_key)
+
+
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+# A queue setting not given to set_queue: left as it is (None means no limit).
+KEEP: Any = _Keep()
+
+
+def _queue_path(name: str, *rest: str) -> str:
+    return "/v1/queues/" + "/".join(quote(p, safe="") for p in (name, *rest))
+
+
+def _queue_change(concurrency: Any, per_key_concurrency: Any, rate_limit: Any,
+                  rate_per_key: Any, hold_while_suspended: Any, paused: Any,
+                  reset: Sequence[str]) -> dict[str, Any]:
+    """set_queue's arguments as the PUT body: rate_limit is (starts,
+    period_seconds) or None; rate_per_key goes with it."""
+    body: dict[str, Any] = {}
+    for wire, value in (("concurrency", concurrency), ("perKeyConcurrency", per_key_concurrency),
+                        ("holdWhileSuspended", hold_while_suspended), ("paused", paused)):
+        if value is not KEEP:
+            body[wire] = value
+    if rate_limit is not KEEP:
+        if rate_limit is None:
+            body["rateLimit"] = None
+        else:
+            limit, period = rate_limit
+            body["rateLimit"] = {"limit": limit, "periodSeconds": float(period),
+                                 "perKey": bool(rate_per_key) if rate_per_key is not KEEP
+                                 else False}
+    elif rate_per_key is not KEEP:
+        raise ValueError("rate_per_key goes with rate_limit=(starts, period_seconds)")
+    if reset:
+        body["reset"] = list(reset)
     return body
 
 
@@ -427,11 +489,17 @@ class Client:
     def start(self, workflow_id: str, params: Any = None, *, execution_id: str | None = None,
               if_exists: Literal["error", "return"] = "error",
               timeout_seconds: float | None = None, deadline: datetime | str | None = None,
-              context: Mapping[str, Any] | None = None) -> Started:
+              context: Mapping[str, Any] | None = None, priority: int | None = None,
+              start_at: datetime | str | None = None, delay_seconds: float | None = None,
+              concurrency_key: str | None = None) -> Started:
         """Admit an execution. With `if_exists="return"` the same admission
-        made before (same ID, workflow and params) answers `created=False`."""
+        made before (same ID, workflow and params) answers `created=False`.
+        Flow control: `priority` (lower first, default 0), a first due time
+        (`start_at`, or `delay_seconds` from now) and the `concurrency_key`
+        (default: the one the workflow declares)."""
         body = _admission(workflow_id, params, execution_id, if_exists, timeout_seconds,
-                          deadline, context)
+                          deadline, context,
+                          _flow(priority, start_at, delay_seconds, concurrency_key))
         return _started(self._call("POST", "/v1/executions", json=body, ok=(200, 201)))
 
     def get(self, execution_id: str, *, wait_seconds: float | None = None) -> dict[str, Any]:
@@ -492,6 +560,34 @@ class Client:
                 return
             query["cursor"] = page["nextCursor"]
 
+    def list_queues(self) -> History:
+        """Every queue, by name, with its settings and counts."""
+        return list(_body(self._call("GET", "/v1/queues"))["queues"])
+
+    def get_queue(self, name: str) -> dict[str, Any]:
+        """One queue: declared, run-time and effective settings, counts and
+        its newest changes."""
+        return _body(self._call("GET", _queue_path(name)))
+
+    def set_queue(self, name: str, *, concurrency: int | None = KEEP,
+                  per_key_concurrency: int | None = KEEP,
+                  rate_limit: tuple[int, float] | None = KEEP, rate_per_key: bool = KEEP,
+                  hold_while_suspended: bool = KEEP, paused: bool = KEEP,
+                  reset: Sequence[str] = ()) -> dict[str, Any]:
+        """Set run-time settings (they win over the declared ones; None: no
+        limit) and `reset` others (wire names: concurrency, perKeyConcurrency,
+        rateLimit, holdWhileSuspended, paused) to the declared ones. Creates
+        a queue nobody declared. Answers the queue."""
+        body = _queue_change(concurrency, per_key_concurrency, rate_limit, rate_per_key,
+                             hold_while_suspended, paused, reset)
+        return _body(self._call("PUT", _queue_path(name), json=body))
+
+    def pause_queue(self, name: str) -> dict[str, Any]:
+        return _body(self._call("POST", _queue_path(name, "pause")))
+
+    def resume_queue(self, name: str) -> dict[str, Any]:
+        return _body(self._call("POST", _queue_path(name, "resume")))
+
     def events(self, execution_id: str) -> History:
         """The execution's whole history, oldest first."""
         out: History = []
@@ -544,9 +640,13 @@ class AsyncClient:
                     if_exists: Literal["error", "return"] = "error",
                     timeout_seconds: float | None = None,
                     deadline: datetime | str | None = None,
-                    context: Mapping[str, Any] | None = None) -> Started:
+                    context: Mapping[str, Any] | None = None, priority: int | None = None,
+                    start_at: datetime | str | None = None,
+                    delay_seconds: float | None = None,
+                    concurrency_key: str | None = None) -> Started:
         body = _admission(workflow_id, params, execution_id, if_exists, timeout_seconds,
-                          deadline, context)
+                          deadline, context,
+                          _flow(priority, start_at, delay_seconds, concurrency_key))
         return _started(await self._call("POST", "/v1/executions", json=body, ok=(200, 201)))
 
     async def get(self, execution_id: str, *,
@@ -600,6 +700,27 @@ class AsyncClient:
             if not page.get("nextCursor"):
                 return
             query["cursor"] = page["nextCursor"]
+
+    async def list_queues(self) -> History:
+        return list((_body(await self._call("GET", "/v1/queues")))["queues"])
+
+    async def get_queue(self, name: str) -> dict[str, Any]:
+        return _body(await self._call("GET", _queue_path(name)))
+
+    async def set_queue(self, name: str, *, concurrency: int | None = KEEP,
+                        per_key_concurrency: int | None = KEEP,
+                        rate_limit: tuple[int, float] | None = KEEP,
+                        rate_per_key: bool = KEEP, hold_while_suspended: bool = KEEP,
+                        paused: bool = KEEP, reset: Sequence[str] = ()) -> dict[str, Any]:
+        body = _queue_change(concurrency, per_key_concurrency, rate_limit, rate_per_key,
+                             hold_while_suspended, paused, reset)
+        return _body(await self._call("PUT", _queue_path(name), json=body))
+
+    async def pause_queue(self, name: str) -> dict[str, Any]:
+        return _body(await self._call("POST", _queue_path(name, "pause")))
+
+    async def resume_queue(self, name: str) -> dict[str, Any]:
+        return _body(await self._call("POST", _queue_path(name, "resume")))
 
     async def events(self, execution_id: str) -> History:
         out: History = []
