@@ -72,7 +72,11 @@ class WorkflowDefinition:
         if isinstance(self.concurrency_key, str):
             value = raw_params.get(self.concurrency_key) if isinstance(raw_params, dict) else None
         else:
-            value = self.concurrency_key(raw_params)
+            try:
+                value = self.concurrency_key(raw_params)
+            except Exception as exc:  # the author's function: any failure is theirs to fix
+                raise ValueError(f"the concurrency_key function of {self.workflow_id!r} raised "
+                                 f"{type(exc).__name__}: {exc}") from None
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (str, int)):

@@ -168,7 +168,8 @@ class Scheduler:
             try:
                 expression = cron.parse(s["cron"])
                 tz = cron.zone(s["timezone"])
-            except (cron.CronError, cron.TimezoneError) as exc:
+                concurrency_key = definition.key_of(s["params"])
+            except (cron.CronError, cron.TimezoneError, ValueError) as exc:
                 key = (schedule_id, s["cron"], s["timezone"])
                 if key not in self._reported:
                     self._reported.add(key)
@@ -186,7 +187,7 @@ class Scheduler:
                     execution_id=execution_id,
                     timeout_seconds=definition.timeout_seconds,
                     queue=definition.queue.name,
-                    concurrency_key=definition.key_of(s["params"]),
+                    concurrency_key=concurrency_key,
                 )
                 if isinstance(answer, Admitted):
                     result.admitted.append(execution_id)
