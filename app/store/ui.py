@@ -4,6 +4,7 @@ the last hour, and the leases each worker holds. Read-only statements."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -113,6 +114,34 @@ class Dashboard(StoreObject):
             self.config.redelivery_base,
             self.config.redelivery_cap,
         )
+        return [{**dict(r), "declared": _json(r["declared"]), "override": _json(r["override"])}
+                for r in rows]
+
+    async def queue_waiting(self, queue: str, *, live_workflows: set[str],
+                            limit: int = 20) -> list[dict[str, Any]]:
+        """The queue's due executions in the order the claim takes them
+        (priority, then due time), each with `blocked_reason` (app/blocked.py's
+        rule: due, no-worker, or what of the queue holds it back)."""
+        rows = await self.db.fetch(
+            f"""
+            WITH {QUEUE_STATE_CTES}
+            SELECT * FROM (
+                SELECT r.*, {_BLOCKED_REASON_SQL} AS blocked_reason
+                FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
+                      WHERE queue = $3 AND status IN ('admitted', 'suspended')
+                        AND due_at <= now()) r
+                {queue_state_joins("r", "q", "k")}
+            ) w
+            WHERE w.blocked_reason IN ('due', 'no-worker', {_HELD_BACK})
+            ORDER BY w.priority, w.due_at, w.execution_id
+            LIMIT $5
+            """,
+            self.config.redelivery_base,
+            self.config.redelivery_cap,
+            queue,
+            sorted(live_workflows),
+            limit,
+        )
         return [dict(r) for r in rows]
 
     async def status_counts(self) -> dict[str, int]:
@@ -219,3 +248,7 @@ class Dashboard(StoreObject):
             execution_id,
         )
         return [dict(r) for r in rows]
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value

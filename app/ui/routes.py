@@ -11,6 +11,7 @@
   POST /ui/executions/{id}/resolve      review a resolution (confirm=yes: resolve the step)
   GET  /ui/operations                   a bulk operation's form   POST: count or start
   GET  /ui/operations/{id}              its progress              POST .../cancel: stop it
+  GET  /ui/queues                       queues: limits, counts, what waits   POST .../pause, .../resume
   GET  /ui/workers                      live and recently dead workers
   GET  /ui/login  POST /ui/login  POST /ui/logout
   GET  /ui/static/{name}                the stylesheet and icon (no other origin is ever asked)
@@ -28,6 +29,7 @@ status (render.py). Forms POST, act through the operator commands
   pages.py    the listing, one execution, confirmation pages, workers
   actions.py  the acting POSTs on one execution
   bulk.py     bulk operations
+  queues.py   the queues page, pause and resume
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
-from app.ui import actions, bulk, login, pages
+from app.ui import actions, bulk, login, pages, queues
 from app.ui.errors import UIError
 from app.ui.render import UIRoute
 from app.ui.session import CSRF_COOKIE, SESSION_COOKIE, csrf_of
 
 router = APIRouter(route_class=UIRoute)
 # Order matters only for the catch-all below, which comes last.
-for part in (login, pages, actions, bulk):
+for part in (login, pages, actions, bulk, queues):
     router.include_router(part.router, prefix="/ui", include_in_schema=False)
 
 
