@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.blocked import blocked_by
+from app.blocked import Live, blocked_by
 from app.settings import Settings
 from app.store import ExecutionStore
 
@@ -25,11 +25,13 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
 async def live_workflows(store: ExecutionStore, settings: Settings,
-                         rows: list[dict]) -> set[str] | None:
+                         rows: list[dict]) -> Live | None:
     """Workflows some live worker runs (one that has heartbeated within three
-    renewal intervals; workers heartbeat at every renewal), read only when a
-    row is due: that is the one case in which blockedBy tells `due` from
-    `no-worker`."""
+    renewal intervals; workers heartbeat at every renewal), as a Live that
+    also knows what each queue and key holds now; read only when a row is
+    due: that is the one case in which blockedBy tells `due` from
+    `no-worker` and from what its queue holds back (queue-paused,
+    concurrency-limit, rate-limited)."""
     if not any((blocked_by(r, None) or {}).get("reason") == "due" for r in rows):
         return None
     return await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)
