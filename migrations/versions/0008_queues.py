@@ -33,7 +33,10 @@ SELECT q.name,
        (s->>'rate_period')::double precision AS rate_period,
        coalesce((s->>'rate_per_key')::boolean, false) AS rate_per_key,
        coalesce((s->>'hold_while_suspended')::boolean, false) AS hold_while_suspended,
-       coalesce((s->>'paused')::boolean, false) AS paused
+       coalesce((s->>'paused')::boolean, false) AS paused,
+       -- Claims of a limited queue count under its exclusive lock.
+       (s->>'concurrency') IS NOT NULL OR (s->>'per_key_concurrency') IS NOT NULL
+           OR (s->>'rate_limit') IS NOT NULL AS limited
 FROM queues q, LATERAL (SELECT q.declared || q.override AS s) x
 """
 
@@ -61,9 +64,7 @@ BEGIN
     -- slots one at a time; an unlimited one shared, so a change of its
     -- settings (which locks exclusively) waits for the claims in flight.
     -- Name order: two claimers never wait for each other in a cycle.
-    FOR q IN SELECT s.name, (s.concurrency IS NOT NULL OR s.per_key_concurrency IS NOT NULL
-                             OR s.rate_limit IS NOT NULL) AS limited
-             FROM queue_settings s ORDER BY s.name LOOP
+    FOR q IN SELECT s.name, s.limited FROM queue_settings s ORDER BY s.name LOOP
         IF q.limited THEN
             PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));
             exclusive := exclusive || q.name;
@@ -86,9 +87,7 @@ BEGIN
     -- for the next claim.
     RETURN QUERY
     SELECT s.name, NULL::text, false,
-           s.paused OR NOT (s.name = ANY(exclusive)
-                            OR (s.name = ANY(shared) AND s.concurrency IS NULL
-                                AND s.per_key_concurrency IS NULL AND s.rate_limit IS NULL)),
+           s.paused OR NOT (s.name = ANY(exclusive) OR (s.name = ANY(shared) AND NOT s.limited)),
            CASE WHEN s.concurrency IS NULL THEN NULL
                 ELSE greatest(s.concurrency - (
                     SELECT count(*) FROM executions e
