@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import devserver, opscli, serve, shared_settings, tokens_cli
+from app import devserver, opscli, queuescli, serve, shared_settings, tokens_cli
 from app.settings import ConfigurationError, Settings, database_url_problem, env_name
 from app.version import VERSION
 
@@ -185,6 +185,8 @@ COMMANDS: dict[str, Command] = {
         Command("workers", "the workers the API knows of", opscli.configure_workers, opscli.run),
         Command("operations", "bulk operations over the HTTP API: create, get, cancel",
                 opscli.configure_operations, opscli.run),
+        Command("queues", "flow control over the HTTP API: list, show, set, pause, resume",
+                queuescli.configure_queues, opscli.run),
     ]
 }
 

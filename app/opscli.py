@@ -1,5 +1,5 @@
 """The operator CLI over HTTP: `fencepost executions ...`, `fencepost workers`,
-`fencepost operations ...`.
+`fencepost operations ...` (and `fencepost queues ...`, app/queuescli.py).
 
 It speaks only the public HTTP API, through app.client.Client, like any other
 caller: FENCEPOST_URL (default http://127.0.0.1:8000) and FENCEPOST_TOKEN,
@@ -131,6 +131,15 @@ def configure_executions(p: argparse.ArgumentParser) -> None:
     s.add_argument("--params", type=json_arg, default={}, metavar="JSON")
     s.add_argument("--if-exists", choices=("error", "return"), default="error",
                    help="return: the same admission made before answers its record (exit 0)")
+    s.add_argument("--priority", type=int, metavar="N",
+                   help="order among its queue's due executions, lower first (default 0)")
+    when = s.add_mutually_exclusive_group()
+    when.add_argument("--start-at", metavar="TIME",
+                      help="first due then (date and time with offset, e.g. 2026-01-01T00:00:00Z)")
+    when.add_argument("--delay", type=float, metavar="SECONDS",
+                      help="first due this many seconds from now")
+    s.add_argument("--concurrency-key", metavar="KEY",
+                   help="the key per-key limits count it under (default: the workflow's)")
 
     s = _sub(sub, "signal", "send a signal (payload: JSON, default null)", cmd_signal)
     s.add_argument("execution_id", metavar="ID")
@@ -238,7 +247,9 @@ def cmd_steps(fp: Client, args: argparse.Namespace) -> Any:
 
 def cmd_start(fp: Client, args: argparse.Namespace) -> Any:
     started = fp.start(args.workflow_id, args.params, execution_id=args.new_id,
-                       if_exists=args.if_exists)
+                       if_exists=args.if_exists, priority=args.priority,
+                       start_at=args.start_at, delay_seconds=args.delay,
+                       concurrency_key=args.concurrency_key)
     if args.json:
         return started.record or {"executionId": started.execution_id, "status": started.status}
     return {"executionId": started.execution_id, "status": started.status,

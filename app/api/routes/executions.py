@@ -312,7 +312,7 @@ async def list_executions(
             ) from None
     # With blockedBy, the live workflows are read first: the filter and each
     # item's blockedBy then answer from the same set (due vs no-worker).
-    live = (await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)
+    live: set[str] | None = (await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)
             if blocked_by is not None else None)
     rows, next_cursor = await store.history.list(
         blocked_by=blocked_by.value if blocked_by is not None else None, live_workflows=live,
