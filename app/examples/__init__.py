@@ -1,3 +1,3 @@
 """Example workflows, registered by `make dev` (FENCEPOST_WORKFLOWS=app.examples)."""
 
-from app.examples import refunds, shop  # noqa: F401
+from app.examples import refunds, shipping, shop  # noqa: F401

@@ -89,3 +89,26 @@ async def test_the_sync_client_does_the_same(queue_server) -> None:
     assert [q["name"] for q in queues] == ["cq-payments", "default", "fresh"]
     assert changed["override"] == {"perKeyConcurrency": 2, "holdWhileSuspended": True}
     assert (record["priority"], record["concurrencyKey"]) == (3, "x")
+
+
+async def test_the_example_shipment_runs_on_its_limited_queue(make_server, client_settings):
+    from tests.support.workers import InProcessWorkers
+
+    examples = load_workflows(["app.examples"])
+    srv = await make_server(workflows=examples)
+    workers = InProcessWorkers(client_settings, examples)
+    await workers.start()
+    try:
+        async with AsyncClient(srv.base) as fp:
+            carrier = await fp.get_queue("carrier-api")
+            started = await fp.start("book-shipment", {"order_id": 7, "warehouse": "north"})
+            booked = await fp.result(started.execution_id, timeout=30)
+            record = await fp.get(started.execution_id)
+    finally:
+        await workers.stop_all()
+    assert carrier["effective"] == {
+        "concurrency": 2, "perKeyConcurrency": 1,
+        "rateLimit": {"limit": 10, "periodSeconds": 1.0, "perKey": False},
+        "holdWhileSuspended": False, "paused": False}
+    assert booked["trackingNumber"].startswith("TRK") and booked["warehouse"] == "north"
+    assert (record["queue"], record["concurrencyKey"]) == ("carrier-api", "north")
