@@ -438,6 +438,8 @@ async def _measure_queues(url: str, args: argparse.Namespace, settings: Settings
                     span, n = await _drain(store, pool, FREE_QUEUE.name, "bench-free", ids, None)
                 seconds[side] += span
                 claims[side] += n
+        for queue in (FREE_QUEUE.name, KEYED_QUEUE.name):
+            await store.queues.change(queue, {}, actor="bench", reset=["paused"])
     finally:
         await pool.close()
     n = args.queue_executions
