@@ -8,6 +8,7 @@ what reads held back is not claimed, what reads `due` is."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -197,3 +198,55 @@ async def test_the_dashboard_listing_and_words_agree(
     assert listing.status_code == 200, listing.text
     assert "/ui/executions/d2" in listing.text
     assert "/ui/executions/d1" not in listing.text
+
+
+def _scans(plan: dict) -> list[tuple[str, str | None, str | None]]:
+    """(node type, relation, index) of every node of a JSON plan."""
+    found = [(plan["Node Type"], plan.get("Relation Name"), plan.get("Index Name"))]
+    for child in plan.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+async def test_what_queues_hold_is_read_through_their_indexes(pool: asyncpg.Pool) -> None:
+    """queue_state and key_state read executions through an index (the
+    planner's choice of ix_executions_queue_held or the lease-expiry one) and
+    queue_starts through ix_queue_starts_queue, never by a sequential scan,
+    with 200,000 ended executions stored beside a few holding slots."""
+    from app.blocked import QUEUE_STATE_CTES
+
+    for name, values in (("qa", '{"concurrency": 5, "per_key_concurrency": 1}'),
+                         ("qb", '{"rate_limit": 10, "rate_period": 60, "rate_per_key": true}')):
+        await pool.execute("INSERT INTO queues (name, override) VALUES ($1, $2::jsonb)",
+                           name, values)
+    await pool.execute(
+        """
+        INSERT INTO executions (execution_id, workflow_id, params, status, outcome, queue,
+                                concurrency_key, token, lease_owner, lease_expires_at)
+        SELECT 'x' || g, 'wf', '{}'::jsonb,
+               CASE WHEN g % 10000 = 0 THEN 'running' ELSE 'completed' END,
+               CASE WHEN g % 10000 = 0 THEN NULL ELSE '{"result": null}'::jsonb END,
+               CASE WHEN g % 2 = 0 THEN 'qa' ELSE 'qb' END, 'k' || (g % 100), 1,
+               CASE WHEN g % 10000 = 0 THEN 'w' END,
+               CASE WHEN g % 10000 = 0 THEN now() + interval '1 minute' END
+        FROM generate_series(1, 200000) g
+        """)
+    await pool.execute(
+        "INSERT INTO queue_starts (queue, concurrency_key, started_at) "
+        "SELECT 'qb', 'k' || (g % 100), now() - make_interval(secs => g % 3600) "
+        "FROM generate_series(1, 20000) g")
+    await pool.execute("ANALYZE executions")
+    await pool.execute("ANALYZE queue_starts")
+    for relation in ("queue_state", "key_state"):
+        [row] = await pool.fetch(
+            f"EXPLAIN (FORMAT JSON) WITH {QUEUE_STATE_CTES} SELECT * FROM {relation}")
+        raw = row[0]
+        plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+        scans = _scans(plan)
+        read = [s for s in scans if s[1] in ("executions", "queue_starts")]
+        assert read, (relation, scans)
+        assert not [s for s in read if s[0] == "Seq Scan"], (relation, scans)
+        assert {s[0] for s in read} <= {"Index Scan", "Index Only Scan",
+                                        "Bitmap Heap Scan"}, (relation, scans)
+        indexes = {s[2] for s in scans if s[2] is not None}
+        assert "ix_queue_starts_queue" in indexes, (relation, scans)
