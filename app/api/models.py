@@ -169,7 +169,11 @@ class ExecutionSummary(Camel):
         + ", ".join(r for r in REASONS if r != "none")
         + ") and what it waits on; null when terminal. Computed from the record as the "
         "reaper will leave it (an expired lease, a cancel request, a passed deadline, "
-        "the poison threshold).",
+        "the poison threshold). A due execution its queue holds back reads queue-paused "
+        "{queue}, concurrency-limit {queue, key (when its key's per-key limit is the full "
+        "one), running (slots held), limit} or rate-limited {queue, key (a rate limit per "
+        "key), until (when the oldest start counted in the period leaves it)}, counted as "
+        "the claim counts.",
     )
 
 
