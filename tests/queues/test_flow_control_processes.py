@@ -15,11 +15,16 @@ import signal
 from collections import defaultdict
 from collections.abc import Iterable
 
+import httpx
 import pytest
 
-from tests.support.harness import LEASE_SECONDS, Harness
+from app.shared_settings import SHARED
+from tests.support.api_process import ApiProcess
+from tests.support.harness import DEFAULT_SETTINGS, LEASE_SECONDS, Harness
 
 pytestmark = pytest.mark.acceptance
+
+FLOWS = "tests.queues.flowflows"
 
 # Leases long enough that no delivery of these tests loses its lease on a
 # loaded machine: a lost lease frees its slot by design, which would be a
@@ -166,22 +171,43 @@ async def test_rate_limit_10_per_second_spreads_100_starts_over_about_10_seconds
 
 @pytest.mark.timeout(120)
 async def test_with_one_slot_a_later_priority_minus_1_runs_before_earlier_priority_0(
-        flows: Harness) -> None:
+        flows: Harness, database_url: str) -> None:
+    """Admitted through POST /v1/executions of a real API process, which puts
+    each execution on its workflow's queue."""
     h = flows
-    await start_workers(h, ["A"], concurrency=8, settings=STEADY)
-    # The slot is held while the others are admitted.
-    await admit_all(h, "flow-one", "one", ["blocker"], params={"seconds": 2.0})
-    await h.wait_for(lambda: h.has_status("blocker", "running"), timeout=20,
-                     what="the blocker holds the slot")
-    normal = [f"normal-{i}" for i in range(5)]
-    for eid in normal:  # one by one: each due after the one before
-        await admit_all(h, "flow-one", "one", [eid], params={"seconds": 0.05})
-    await admit_all(h, "flow-one", "one", ["urgent"], params={"seconds": 0.05}, priority=-1)
-    assert await h.status("blocker") == "running", "the blocker ended before all were admitted"
+    api = ApiProcess(database_url, h.log_dir, args=("--workflows", FLOWS), env={
+        "FENCEPOST_AUTH": "disabled",
+        # Settings every process shares must agree with the workers'.
+        **{k: v for k, v in {**DEFAULT_SETTINGS, **STEADY}.items() if k in SHARED.values()}})
+    try:
+        await api.wait_ready()
+        await start_workers(h, ["A"], concurrency=8, settings=STEADY)
+        async with httpx.AsyncClient(base_url=api.base, timeout=30) as c:
+            async def post(eid: str, seconds: float, **extra: int) -> None:
+                r = await c.post("/v1/executions", json={
+                    "workflowId": "flow-one", "executionId": eid,
+                    "params": {"seconds": seconds}, **extra})
+                assert r.status_code == 201, r.text
+
+            # The slot is held while the others are admitted.
+            await post("blocker", 2.0)
+            await h.wait_for(lambda: h.has_status("blocker", "running"), timeout=20,
+                             what="the blocker holds the slot")
+            normal = [f"normal-{i}" for i in range(5)]
+            for eid in normal:  # one by one: each due after the one before
+                await post(eid, 0.05)
+            await post("urgent", 0.05, priority=-1)
+        assert await h.status("blocker") == "running", "the blocker ended before all were admitted"
+    finally:
+        api.stop()
 
     ids = ["blocker", *normal, "urgent"]
     await completed(h, ids, timeout=60)
 
+    rows = await h.pool.fetch("SELECT execution_id, queue, priority FROM executions "
+                              "WHERE execution_id = ANY($1::text[])", ids)
+    assert {r["queue"] for r in rows} == {"one"}
+    assert {r["execution_id"]: r["priority"] for r in rows}["urgent"] == -1
     order = [c["execution_id"] for c in await claims(h, ids)]
     assert order == ["blocker", "urgent", *normal], order
 
