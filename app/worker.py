@@ -161,6 +161,7 @@ class Worker:
         self._signals = 0
         self.log = Fields(log, {"worker_id": self.worker_id})
         METRICS.init_workflows(workflows)
+        METRICS.init_queues(sorted({d.queue.name for d in workflows.values()}))
         METRICS.capacity.set(concurrency)
 
     @property
