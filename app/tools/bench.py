@@ -346,7 +346,7 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
 
 # The rounds of `--queues`, alternating which queue goes first, so that drift
 # in the machine's load falls on both.
-QUEUE_ROUNDS = 2
+QUEUE_ROUNDS = 4
 
 
 async def _wait_workers(pool: asyncpg.Pool, workers: int, timeout: float = 60) -> None:

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from app.tools.bench import QUEUE_ROUNDS
 from tests.support.processes import REPO_ROOT
 
 
@@ -57,7 +58,7 @@ async def test_bench_queues_prints_both_rates_and_their_ratio(database_url, pool
         "SELECT change FROM queue_changes WHERE queue = 'bench-keyed' AND actor = 'bench' "
         "ORDER BY change_id")]
     limited_rounds = [c for c in changes if c["set"].get("per_key_concurrency") == 2]
-    assert len(limited_rounds) == 2, changes
+    assert len(limited_rounds) == QUEUE_ROUNDS, changes
     for queue in ("bench-free", "bench-keyed"):
         row = await pool.fetchrow("SELECT override FROM queues WHERE name = $1", queue)
         assert row["override"] == {}, (queue, row)
