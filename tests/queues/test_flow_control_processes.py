@@ -190,7 +190,7 @@ async def test_with_one_slot_a_later_priority_minus_1_runs_before_earlier_priori
                 assert r.status_code == 201, r.text
 
             # The slot is held while the others are admitted.
-            await post("blocker", 2.0)
+            await post("blocker", 3.0)
             await h.wait_for(lambda: h.has_status("blocker", "running"), timeout=20,
                              what="the blocker holds the slot")
             normal = [f"normal-{i}" for i in range(5)]
