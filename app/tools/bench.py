@@ -390,7 +390,7 @@ async def _drain(store, pool: asyncpg.Pool, queue: str, workflow_id: str, ids: l
         "AND status = 'completed'", ids)
     if done != len(ids):
         raise RuntimeError(f"only {done} of {len(ids)} executions on {queue} completed")
-    span, claims = await pool.fetchrow(
+    row = await pool.fetchrow(
         """
         SELECT extract(epoch FROM (SELECT max(updated_at) FROM executions
                                    WHERE execution_id = ANY($1::text[])) - min(v.at)),
@@ -400,7 +400,8 @@ async def _drain(store, pool: asyncpg.Pool, queue: str, workflow_id: str, ids: l
         """,
         ids,
     )
-    return float(span), int(claims)
+    assert row is not None  # an aggregate answers one row
+    return float(row[0]), int(row[1])
 
 
 async def _measure_queues(url: str, args: argparse.Namespace, settings: Settings,
