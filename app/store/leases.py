@@ -70,7 +70,7 @@ class Leases(StoreObject):
             WITH lim AS MATERIALIZED (
                 -- Locks the queues and counts their held slots and recent
                 -- starts after the locks are granted (see the function).
-                SELECT * FROM fencepost_claim_limits()
+                SELECT * FROM fencepost_claim_limits($6::text[])
             ), open_queues AS (
                 SELECT * FROM lim WHERE NOT is_key AND NOT closed
             ), due AS (

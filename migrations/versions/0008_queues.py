@@ -12,7 +12,7 @@ Create Date: 2026-12-01 23:55:00
   field); `queue_settings` is the effective setting of each.
 - `queue_starts`: the starts (first claims) of rate-limited queues within
   their period; `queue_changes`: who changed a queue's settings, and how.
-- `fencepost_claim_limits()`: called by every claim before it picks rows
+- `fencepost_claim_limits(workflow_ids)`: called by every claim before it picks rows
   (see the function's comments for why counting happens there).
 """
 
@@ -48,7 +48,7 @@ FROM queues q, LATERAL (SELECT q.declared || q.override AS s) x
 # each take a fresh snapshot, so the counts below, made after the locks are
 # granted, see every claim committed by the locks' earlier holders.
 CLAIM_LIMITS = """
-CREATE FUNCTION fencepost_claim_limits()
+CREATE FUNCTION fencepost_claim_limits(workflow_ids text[])
 RETURNS TABLE (queue text, concurrency_key text, is_key boolean, closed boolean,
                run_free integer, start_free integer, hold boolean,
                key_run_limit integer, key_start_limit integer)
@@ -64,10 +64,23 @@ BEGIN
     -- slots one at a time; an unlimited one shared, so a change of its
     -- settings (which locks exclusively) waits for the claims in flight.
     -- Name order: two claimers never wait for each other in a cycle.
+    -- A limited queue in which this claimer (running `workflow_ids`; NULL:
+    -- any) has nothing due is not locked at all: it is closed for this claim,
+    -- and claimers of other work never wait for it.
     FOR q IN SELECT s.name, s.limited FROM queue_settings s ORDER BY s.name LOOP
         IF q.limited THEN
-            PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));
-            exclusive := exclusive || q.name;
+            IF EXISTS (SELECT 1 FROM executions e
+                       WHERE e.queue = q.name AND e.status IN ('admitted', 'suspended')
+                         AND e.due_at <= now()
+                         AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
+               OR EXISTS (SELECT 1 FROM executions e
+                          WHERE e.status = 'running' AND e.lease_expires_at <= now()
+                            AND e.queue = q.name
+                            AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
+            THEN
+                PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));
+                exclusive := exclusive || q.name;
+            END IF;
         ELSE
             PERFORM pg_advisory_xact_lock_shared(1179665745, hashtext(q.name));
             shared := shared || q.name;
@@ -187,7 +200,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP FUNCTION fencepost_claim_limits()")
+    op.execute("DROP FUNCTION fencepost_claim_limits(text[])")
     op.execute("DROP VIEW queue_settings")
     op.drop_index('ix_queue_changes_queue', table_name='queue_changes')
     op.drop_table('queue_changes')

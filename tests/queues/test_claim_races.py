@@ -73,7 +73,7 @@ async def test_without_the_queue_lock_the_same_race_over_claims(wide_pool):
     """The control: the race above is real (this harness does stage two
     claimers counting at once), so its zero means the lock prevents it."""
     source = await wide_pool.fetchval(
-        "SELECT pg_get_functiondef('fencepost_claim_limits()'::regprocedure)")
+        "SELECT pg_get_functiondef('fencepost_claim_limits(text[])'::regprocedure)")
     unlocked = source.replace(
         "PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));", "NULL;")
     assert unlocked != source
@@ -83,3 +83,25 @@ async def test_without_the_queue_lock_the_same_race_over_claims(wide_pool):
     over, most = await race(store, wide_pool, ROUNDS)
 
     assert over > 0 and most >= 2, (over, most)
+
+
+async def test_a_claim_with_nothing_due_in_a_limited_queue_does_not_wait_for_its_lock(wide_pool):
+    """Claimers serialize only on the limited queues they may take work
+    from: a claim for other workflows proceeds while a limited queue's lock
+    is held (by a claimer of that queue, stood for here by a held lock)."""
+    store = ExecutionStore(wide_pool)
+    await store.queues.change("busy", {"concurrency": 1}, actor="test")
+    await admit(store, "busy-wf", "b1", queue="busy")
+    await admit(store, "other-wf", "o1")
+    async with wide_pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT pg_advisory_xact_lock(1179665745, hashtext('busy'))")
+
+        claimed = await asyncio.wait_for(
+            store.leases.claim_due(10, 30.0, "w-other", ["other-wf"]), timeout=5)
+        assert [d.lease.execution_id for d in claimed] == ["o1"]
+
+        # A claimer that may take the limited queue's work waits for its lock.
+        waiting = asyncio.create_task(store.leases.claim_due(10, 30.0, "w-busy", ["busy-wf"]))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+    assert [d.lease.execution_id for d in await asyncio.wait_for(waiting, 5)] == ["b1"]
