@@ -165,3 +165,13 @@ async def test_a_start_beyond_the_utc_range_is_now_or_never(fc_client, start_at,
         assert datetime.fromisoformat(rec["dueAt"]).year > 2000
     else:
         assert datetime.fromisoformat(rec["dueAt"]) == datetime.fromisoformat(due)
+
+
+async def test_a_deadline_beyond_the_utc_range_is_answered_not_a_500(fc_client, rows) -> None:
+    r = await fc_client.post("/v1/executions", json={
+        "workflowId": "fc-plain", "params": {}, "deadline": "0001-01-01T00:30:00+01:00"})
+    assert_error(r, 422, "DEADLINE_IN_THE_PAST")
+    assert (await rows()).executions == 0
+    rec = await admit(fc_client, deadline="9999-12-31T23:30:00-01:00")
+    assert datetime.fromisoformat(rec["deadline"]) == datetime.fromisoformat(
+        "9999-12-31T00:00:00+00:00")

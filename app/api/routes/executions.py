@@ -61,9 +61,19 @@ from app.store.admission import Existing
 BlockedReason = Enum(  # type: ignore[misc]
     "BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
 
-# The latest first due time: the driver stores its greatest datetime as
-# infinity, which reads back as a time without a zone.
-LATEST_START = datetime(9999, 12, 31, tzinfo=UTC)
+# The latest time admission stores (a start or a deadline): the driver
+# stores its greatest datetime as infinity, which reads back without a zone.
+LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def _in_utc(moment: datetime) -> datetime | None:
+    """`moment` (with an offset) in UTC, at most LATEST_TIME; None when it
+    lies before the first instant a datetime holds in UTC (year 1 with a
+    positive offset)."""
+    try:
+        return min(moment.astimezone(UTC), LATEST_TIME)
+    except OverflowError:
+        return None if moment.year == 1 else LATEST_TIME
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
@@ -116,22 +126,19 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
         raise ApiError(422, "INVALID_EXECUTION_EVENT",
                        "concurrencyKey cannot be stored exactly (NUL or a lone surrogate); "
                        "send plain text")
-    start_at = req.start_at
-    if start_at is not None:
-        try:
-            start_at = min(start_at.astimezone(UTC), LATEST_START)
-        except OverflowError:
-            # Beyond what a datetime holds in UTC (year 1 or 9999 and an
-            # offset): a start in the past is now, a later one the latest.
-            start_at = None if start_at.year == 1 else LATEST_START
+    # A start before any time a datetime holds in UTC is now.
+    start_at = _in_utc(req.start_at) if req.start_at is not None else None
+    deadline = None
+    if req.deadline is not None:
+        deadline = _in_utc(req.deadline) or datetime.min.replace(tzinfo=UTC)
     timeout_seconds = req.timeout_seconds
     definition = registered_workflow(request, req.workflow_id, req.params)
     queue, concurrency_key = _flow_of(definition, req)
     if definition is not None and req.deadline is None and timeout_seconds is None:
         timeout_seconds = definition.timeout_seconds
-    if req.deadline is not None:
+    if req.deadline is not None and deadline is not None:
         # Judged by the database clock right before admitting (see deadline_passed).
-        passed, now = await store.clock.deadline_passed(req.deadline)
+        passed, now = await store.clock.deadline_passed(deadline)
         if passed:
             raise ApiError(
                 422, "DEADLINE_IN_THE_PAST",
@@ -149,7 +156,7 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                 params=req.params,
                 context=req.context,
                 execution_id=req.execution_id,
-                deadline=req.deadline,
+                deadline=deadline,
                 timeout_seconds=timeout_seconds,
                 code_version=definition.version if definition is not None else None,
                 admitted_by=principal.token_id,
