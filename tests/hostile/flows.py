@@ -1,6 +1,7 @@
 """Workflows for the hostile tests: `hostile-refund` gives admission a params
 model (422 INVALID_PARAMS) and a registry (404 WORKFLOW_NOT_FOUND); no worker
-runs it. `hostile-outage` is run by an in-process worker across a Postgres
+runs it; nor `hostile-keyed`, whose concurrency key (params' `customer`)
+cannot be a list (422 INVALID_CONCURRENCY_KEY). `hostile-outage` is run by an in-process worker across a Postgres
 outage."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import collections
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.queues import Queue
 from app.sdk import WorkflowContext, workflow
 
 
@@ -23,6 +25,12 @@ class RefundParams(BaseModel):
 @workflow("hostile-refund", params=RefundParams)
 async def hostile_refund(ctx: WorkflowContext, p: RefundParams) -> dict:
     return {"refunded": p.amount_cents}
+
+
+@workflow("hostile-keyed", queue=Queue("hostile-queue", concurrency=5),
+          concurrency_key="customer")
+async def hostile_keyed(ctx: WorkflowContext, params) -> None:
+    return None
 
 
 # The in-process worker outage test (test_worker_outage.py): the first step

@@ -116,6 +116,8 @@ def probes(s: Seeded) -> list[Probe]:
           kw={"json": {"workflowId": "no-such-flow"}}),
         P("POST", ex, 422, "RESERVED_EXECUTION_ID", "trigger",
           kw={"json": {**refund, "executionId": "parent~child"}}),
+        P("POST", ex, 422, "INVALID_CONCURRENCY_KEY", "trigger",
+          kw={"json": {"workflowId": "hostile-keyed", "params": {"customer": ["a"]}}}),
         P("POST", ex, 409, "EXECUTION_ID_CONFLICT", "trigger",
           kw={"json": {**refund, "executionId": "taken"}}),  # admitted in setup
         P("POST", ex, 200, None, "trigger",  # the same start again, answered with the record
@@ -333,6 +335,44 @@ def schedule_probes() -> list[Probe]:
     return out
 
 
+def queue_probes() -> list[Probe]:
+    """Queues (operate writes, read reads); `hostile-queue` is the keyed
+    workflow's, declared when the API starts."""
+    P = Probe
+    qs, one = "/v1/queues", "/v1/queues/{name}"
+    pause, resume = f"{one}/pause", f"{one}/resume"
+    known, ghost = {"name": "hostile-queue"}, {"name": "no-such-queue"}
+    change = {"json": {"concurrency": 2, "reset": ["rateLimit"]}}
+    out = [
+        P("GET", qs, 200, None, "read"),
+        P("GET", qs, 401, "UNAUTHENTICATED", None),
+        P("GET", qs, 403, "FORBIDDEN", "trigger"),
+        P("GET", qs, 422, "UNKNOWN_QUERY_PARAMETER", "read", kw={"params": {"nope": "1"}}),
+        P("GET", one, 200, None, "read", known),
+        P("GET", one, 401, "UNAUTHENTICATED", None, known),
+        P("GET", one, 403, "FORBIDDEN", "trigger", known),
+        P("GET", one, 404, "QUEUE_NOT_FOUND", "read", ghost),
+        P("PUT", one, 200, None, "operate", known, change),
+        P("PUT", one, 401, "UNAUTHENTICATED", None, known, change),
+        P("PUT", one, 403, "FORBIDDEN", "read", known, change),
+        P("PUT", one, 400, "MALFORMED_JSON", "operate", known, MALFORMED),
+        P("PUT", one, 413, "PAYLOAD_TOO_LARGE", "operate", known, TOO_LARGE),
+        P("PUT", one, 408, "REQUEST_TIMEOUT", "operate", known, held()),
+        P("PUT", one, 415, "UNSUPPORTED_MEDIA_TYPE", "operate", known, TEXT),
+        P("PUT", one, 422, "INVALID_QUEUE_SETTINGS", "operate", known,
+          {"json": {"concurrency": 0}}),
+        P("PUT", one, 422, "INVALID_EXECUTION_EVENT", "operate", known, NAN),
+    ]
+    for path in (pause, resume):
+        out += [
+            P("POST", path, 200, None, "operate", known),
+            P("POST", path, 401, "UNAUTHENTICATED", None, known),
+            P("POST", path, 403, "FORBIDDEN", "read", known),
+            P("POST", path, 404, "QUEUE_NOT_FOUND", "operate", ghost),
+        ]
+    return out
+
+
 @dataclass
 class Crafted:
     api: httpx.AsyncClient
@@ -429,6 +469,8 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
         r = await c.api.post("/v1/schedules", json=doomed, headers=headers)
         assert r.status_code == 201, r.text
         all_probes += schedule_probes()
+    if "/v1/queues" in c.openapi["paths"]:
+        all_probes += queue_probes()
     # Every operation: a head over FENCEPOST_MAX_HEADER_BYTES (a long query) is 431.
     for path, operations in c.openapi["paths"].items():
         ids = {name: "x1" for name in re.findall(r"\{(\w+)\}", path)}

@@ -36,8 +36,9 @@ router = APIRouter(prefix="/v1/queues", tags=["queues"], responses=AUTH_ERRORS)
 
 NOT_FOUND: Responses = {404: refusal("QUEUE_NOT_FOUND"), 503: ERRORS[503]}
 INVALID: Responses = {
-    422: refusal("INVALID_QUEUE_SETTINGS: a setting is malformed or out of range, a field "
-                 "unknown, or the queue name not one a queue can have"),
+    422: refusal("INVALID_QUEUE_SETTINGS / INVALID_EXECUTION_EVENT: a setting is malformed or "
+                 "out of range, a field unknown, or the queue name not one a queue can have / "
+                 "a body JSON cannot hold exactly (NaN, NUL, duplicate keys, too deep)"),
 }
 
 # Wire setting -> the stored fields it stands for.
