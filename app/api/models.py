@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -42,6 +42,20 @@ def _time_string(value: Any) -> Any:
 
 # A date-time in a body or a query parameter (each query value is a string).
 TimeString = Annotated[datetime, BeforeValidator(_time_string)]
+
+# The latest time stored from a request (a start or a deadline): the driver
+# stores its greatest datetime as infinity, which reads back without a zone.
+LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def in_utc(moment: datetime) -> datetime | None:
+    """`moment` (with an offset) in UTC, at most LATEST_TIME; None when it
+    lies before the first instant a datetime holds in UTC (year 1 with a
+    positive offset). Sending such a time to Postgres would fail instead."""
+    try:
+        return min(moment.astimezone(UTC), LATEST_TIME)
+    except OverflowError:
+        return None if moment.year == 1 else LATEST_TIME
 
 
 def _json_integer(value: Any) -> Any:

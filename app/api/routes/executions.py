@@ -43,6 +43,7 @@ from app.api.models import (
     TimeString,
     WakeAnswer,
     WakeRequest,
+    in_utc,
     record,
     summary,
 )
@@ -60,20 +61,6 @@ from app.store.admission import Existing
 # Its members are app.blocked's reasons (mypy reads only literal members).
 BlockedReason = Enum(  # type: ignore[misc]
     "BlockedReason", {r: r for r in REASONS if r != "none"}, type=str)
-
-# The latest time admission stores (a start or a deadline): the driver
-# stores its greatest datetime as infinity, which reads back without a zone.
-LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
-
-
-def _in_utc(moment: datetime) -> datetime | None:
-    """`moment` (with an offset) in UTC, at most LATEST_TIME; None when it
-    lies before the first instant a datetime holds in UTC (year 1 with a
-    positive offset)."""
-    try:
-        return min(moment.astimezone(UTC), LATEST_TIME)
-    except OverflowError:
-        return None if moment.year == 1 else LATEST_TIME
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], responses=UNAUTHENTICATED)
 
@@ -127,10 +114,10 @@ async def admit(request: Request, response: Response, store: StoreDep, settings:
                        "concurrencyKey cannot be stored exactly (NUL or a lone surrogate); "
                        "send plain text")
     # A start before any time a datetime holds in UTC is now.
-    start_at = _in_utc(req.start_at) if req.start_at is not None else None
+    start_at = in_utc(req.start_at) if req.start_at is not None else None
     deadline = None
     if req.deadline is not None:
-        deadline = _in_utc(req.deadline) or datetime.min.replace(tzinfo=UTC)
+        deadline = in_utc(req.deadline) or datetime.min.replace(tzinfo=UTC)
     timeout_seconds = req.timeout_seconds
     definition = registered_workflow(request, req.workflow_id, req.params)
     queue, concurrency_key = _flow_of(definition, req)
