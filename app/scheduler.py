@@ -35,6 +35,7 @@ from app.maintenance import Leadership, every
 from app.metrics import METRICS
 from app.registry import WorkflowDefinition
 from app.store import Admitted, Conflict, ExecutionStore
+from app.store.records import ScheduleRecord
 
 log = logging.getLogger("fencepost.scheduler")
 
@@ -88,7 +89,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ code schedules
 
-    async def sync_code_schedules(self) -> list[dict]:
+    async def sync_code_schedules(self) -> list[ScheduleRecord]:
         """Upsert every schedule declared by this worker's workflow code; drop
         code-defined schedules of its workflows whose code declares none."""
         rows = []
@@ -138,7 +139,7 @@ class Scheduler:
                               candidate["schedule_id"])
         return result
 
-    def _may_be_due(self, s: dict, now: datetime) -> bool:
+    def _may_be_due(self, s: ScheduleRecord, now: datetime) -> bool:
         """False only when the schedule's first slot after last_slot is known
         to be later than `now` (cached per definition and last_slot)."""
         key = (s["cron"], s["timezone"], s["last_slot"])

@@ -57,6 +57,7 @@ from app.registry import WorkflowDefinition, load_workflows
 from app.sdk import SignalSender
 from app.settings import Settings
 from app.store import Admitted, ExecutionStore
+from app.store.records import HealedExecution
 from app.worker import Worker
 
 __all__ = ["ExecutionFailed", "WorkflowEnvironment", "TERMINAL"]
@@ -193,14 +194,14 @@ class WorkflowEnvironment:
         """Cancel with no code run, as `POST /v1/executions/{id}/terminate` does."""
         return await self.store.operator.terminate(execution_id, by="test")
 
-    async def get(self, execution_id: str) -> dict[str, Any]:
+    async def get(self, execution_id: str) -> HealedExecution:
         record = await self.store.history.get(execution_id)
         if record is None:
             raise KeyError(f"no execution {execution_id!r}")
         return record
 
     async def wait_status(self, execution_id: str, *statuses: str,
-                          timeout: float = 10.0) -> dict[str, Any]:
+                          timeout: float = 10.0) -> HealedExecution:
         """The record once its status is one of `statuses` (wall-clock `timeout`)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
@@ -214,7 +215,7 @@ class WorkflowEnvironment:
                                    f"wanted {statuses}")
             await asyncio.sleep(0.01)
 
-    async def wait_suspended(self, execution_id: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def wait_suspended(self, execution_id: str, timeout: float = 10.0) -> HealedExecution:
         """Once the execution waits (a sleep, a signal, a child) or has ended."""
         return await self.wait_status(execution_id, "suspended", *TERMINAL, timeout=timeout)
 

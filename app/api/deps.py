@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -9,6 +10,7 @@ from fastapi import Depends, Request
 from app.blocked import Live, blocked_by
 from app.settings import Settings
 from app.store import ExecutionStore
+from app.store.records import HealedExecution
 
 
 # async: FastAPI runs sync dependencies in a thread pool, a cost on every request.
@@ -25,7 +27,7 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
 async def live_workflows(store: ExecutionStore, settings: Settings,
-                         rows: list[dict]) -> Live | None:
+                         rows: Sequence[HealedExecution]) -> Live | None:
     """Workflows some live worker runs (one that has heartbeated within three
     renewal intervals; workers heartbeat at every renewal), as a Live that
     also knows what each queue and key holds now; read only when a row is

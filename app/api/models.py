@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from app.blocked import REASONS, blocked_by
 from app.schema import STATUSES
+from app.store.records import HealedExecution, WorkerRecord
 
 ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 ID_RULE = "1 to 200 characters from A-Z a-z 0-9 . _ : -"
@@ -231,7 +232,7 @@ class WorkerList(Camel):
     workers: list[WorkerView]
 
 
-def worker_view(row: dict, maintenance_roles: list[str]) -> dict:
+def worker_view(row: WorkerRecord, maintenance_roles: list[str]) -> dict:
     return {
         "workerId": row["worker_id"], "host": row["host"], "pid": row["pid"],
         "workflows": row["workflows"], "concurrency": row["concurrency"],
@@ -263,7 +264,7 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
+def summary(row: HealedExecution, live_workflows: set[str] | None = None) -> dict:
     lease = None
     if row["lease_expires_at"] is not None:
         lease = {"token": row["token"], "owner": row["lease_owner"], "expiresAt": row["lease_expires_at"]}
@@ -299,7 +300,7 @@ def summary(row: dict, live_workflows: set[str] | None = None) -> dict:
     }
 
 
-def record(row: dict, live_workflows: set[str] | None = None) -> dict:
+def record(row: HealedExecution, live_workflows: set[str] | None = None) -> dict:
     return {
         **summary(row, live_workflows),
         "codeVersion": row["code_version"],

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.commands.errors import API, CommandError, Wording
 from app.store.bulk import ACTIONS
+from app.store.records import OperationRecord
 
 OPERATION_ID = re.compile(r"op-[0-9a-f]{16}")
 
@@ -26,7 +27,7 @@ def check_operation_id(operation_id: str, hint: str | None = None) -> None:
 
 async def start_operation(store, action: str, spec: dict[str, Any], by: str, *,
                           options: dict[str, Any], reason: str | None, max_matched: int,
-                          wording: Wording = API) -> dict:
+                          wording: Wording = API) -> OperationRecord:
     """The operation's record, its items stored; refused when the filter
     matches more than `max_matched` executions."""
     if action not in ACTIONS:
@@ -44,7 +45,7 @@ async def start_operation(store, action: str, spec: dict[str, Any], by: str, *,
     return record
 
 
-async def stop_operation(store, operation_id: str, by: str) -> dict:
+async def stop_operation(store, operation_id: str, by: str) -> OperationRecord:
     """Stop a running operation: items not yet carried out are never acted on."""
     check_operation_id(operation_id)
     answer, record = await store.operations.cancel_operation(operation_id, by)

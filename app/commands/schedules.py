@@ -6,6 +6,7 @@ from __future__ import annotations
 from app.commands.errors import CommandError
 from app.logs import operator_action
 from app.registry import SCHEDULE_ID_RE
+from app.store.records import ScheduleRead
 
 
 def schedule_not_found(schedule_id: str) -> CommandError:
@@ -21,7 +22,7 @@ def check_schedule_id(schedule_id: str) -> None:
         raise schedule_not_found(schedule_id)
 
 
-async def set_paused(store, schedule_id: str, paused: bool, by: str) -> dict:
+async def set_paused(store, schedule_id: str, paused: bool, by: str) -> ScheduleRead:
     """Pause (no slot fires) or resume (slots after now fire); the schedule."""
     check_schedule_id(schedule_id)
     row = await store.schedules.set_schedule_paused(schedule_id, paused, by=by)

@@ -17,6 +17,11 @@ this package, in a few objects named after what they are responsible for:
     store.schedules, store.workers, store.tokens, store.sessions,
     store.settings (shared settings), store.clock (the database clock)
 
+Rows a read returns are records (records.py): plain dicts keyed by the
+columns' snake_case names, typed as TypedDicts (camelCase is the API's,
+never the store's); claims, leases and fenced writes answer with the frozen
+dataclasses of types.py.
+
 Each object runs its statements through one handle (app/store/handle.py):
 the retrying pool, or a connection in a caller's transaction. `store.transaction()`
 yields the same objects bound to one connection, so their statements commit

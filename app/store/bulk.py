@@ -17,6 +17,7 @@ import asyncpg
 
 from app.store.handle import ConnectionHandle, StoreObject
 from app.store.operator import Operator, cancel_tree
+from app.store.records import OperationRecord, record
 from app.store.redrive import Redrives
 
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
@@ -68,7 +69,7 @@ class Operations(StoreObject):
 
     async def create_operation(self, action: str, spec: dict[str, Any], *, by: str,
                                options: dict[str, Any] | None = None, reason: str | None = None,
-                               max_matched: int = 100_000) -> dict[str, Any] | None:
+                               max_matched: int = 100_000) -> OperationRecord | None:
         """Store the operation and its items (the executions the filter matches
         now) in one statement; None when more than `max_matched` match."""
         assert action in ACTIONS, action
@@ -97,7 +98,7 @@ class Operations(StoreObject):
             return None
         return await self.get_operation(row["operation_id"])
 
-    async def get_operation(self, operation_id: str, *, failures: int = 100) -> dict[str, Any] | None:
+    async def get_operation(self, operation_id: str, *, failures: int = 100) -> OperationRecord | None:
         """The operation with its progress (items done, failed, pending) and
         its first `failures` failed items."""
         row = await self.db.fetchrow(
@@ -110,7 +111,7 @@ class Operations(StoreObject):
                    (SELECT count(*) FROM operation_items i
                     WHERE i.operation_id = o.operation_id AND i.status = 'pending') AS pending,
                    (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                               'executionId', f.execution_id, 'code', f.code,
+                               'execution_id', f.execution_id, 'code', f.code,
                                'message', f.message) ORDER BY f.done_at, f.execution_id),
                             '[]')
                     FROM (SELECT * FROM operation_items i
@@ -118,10 +119,10 @@ class Operations(StoreObject):
                           ORDER BY i.done_at, i.execution_id LIMIT $2) f) AS failures
             FROM operations o WHERE o.operation_id = $1
             """, operation_id, failures)
-        return dict(row) if row is not None else None
+        return record(OperationRecord, row) if row is not None else None
 
     async def cancel_operation(self, operation_id: str, by: str
-                               ) -> tuple[CancelOperationAnswer, dict[str, Any] | None]:
+                               ) -> tuple[CancelOperationAnswer, OperationRecord | None]:
         """Stop a running operation: items not yet carried out stay pending and
         are never acted on. What was done stays done."""
         row = await self.db.fetchrow(

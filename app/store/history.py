@@ -12,6 +12,16 @@ from typing import Any
 from app.blocked import QUEUE_STATE_CTES, Live, queue_state_joins, queue_states, reason_sql
 from app.schema import TERMINAL_STATUSES
 from app.store.handle import StoreObject
+from app.store.records import (
+    AttemptRecord,
+    EventRecord,
+    HealedExecution,
+    LateObservation,
+    StepDetail,
+    StepPageRow,
+    record,
+    records,
+)
 from app.store.types import (
     TERMINAL_SQL,
     StepRecord,
@@ -23,7 +33,7 @@ from app.store.types import (
 
 
 class History(StoreObject):
-    async def get(self, execution_id: str, owner: str | None = None) -> dict[str, Any] | None:
+    async def get(self, execution_id: str, owner: str | None = None) -> HealedExecution | None:
         """The healed record, or None. With `owner` (a trigger-only token's ID)
         the owner predicate is in this statement: a foreign record is None,
         exactly like a missing one."""
@@ -35,7 +45,7 @@ class History(StoreObject):
             execution_id,
             owner,
         )
-        return dict(row) if row is not None else None
+        return record(HealedExecution, row) if row is not None else None
 
 
     async def watch_execution(self, execution_id: str) -> None:
@@ -62,13 +72,13 @@ class History(StoreObject):
 
 
     async def list(self, *, limit: int = 50, **filters: Any
-                   ) -> tuple[builtins.list[dict[str, Any]], str | None]:
+                   ) -> tuple[builtins.list[HealedExecution], str | None]:
         """Newest first, keyset-paginated on (admitted_at, execution_id).
         `filters`: those of `list_query` (status, workflow_id, cursor, ...);
         they apply to the healed view, as `get` reports it."""
         query, args = self.list_query(limit=limit, **filters)
         rows = await self.db.fetch(query, *args)
-        page = [dict(r) for r in rows[:limit]]
+        page = records(HealedExecution, rows[:limit])
         next_cursor = None
         if len(rows) > limit:
             last = page[-1]
@@ -168,7 +178,7 @@ class History(StoreObject):
         return out
 
 
-    async def events(self, execution_id: str) -> builtins.list[dict[str, Any]]:
+    async def events(self, execution_id: str) -> builtins.list[EventRecord]:
         rows = await self.db.fetch(
             """
             SELECT event_id, at, kind, token, detail FROM execution_events
@@ -176,10 +186,10 @@ class History(StoreObject):
             """,
             execution_id,
         )
-        return [dict(r) for r in rows]
+        return records(EventRecord, rows)
 
 
-    async def late_observations(self, execution_id: str) -> builtins.list[dict[str, Any]]:
+    async def late_observations(self, execution_id: str) -> builtins.list[LateObservation]:
         rows = await self.db.fetch(
             """
             SELECT observation_id, step_key, token, owner, value, error, observed_at, conflict
@@ -187,10 +197,10 @@ class History(StoreObject):
             """,
             execution_id,
         )
-        return [dict(r) for r in rows]
+        return records(LateObservation, rows)
 
 
-    async def step_details(self, execution_id: str, *, include_values: bool) -> builtins.list[dict[str, Any]]:
+    async def step_details(self, execution_id: str, *, include_values: bool) -> builtins.list[StepDetail]:
         """Recorded steps and effect attempts in doubt, oldest first. Values
         are loaded only when asked; otherwise their size is reported."""
         rows = await self.db.fetch(
@@ -215,10 +225,10 @@ class History(StoreObject):
             execution_id,
             include_values,
         )
-        return [dict(r) for r in rows]
+        return records(StepDetail, rows)
 
 
-    async def events_page(self, execution_id: str, *, after: int, limit: int) -> builtins.list[dict[str, Any]]:
+    async def events_page(self, execution_id: str, *, after: int, limit: int) -> builtins.list[EventRecord]:
         rows = await self.db.fetch(
             """
             SELECT event_id, at, kind, token, detail FROM execution_events
@@ -228,7 +238,7 @@ class History(StoreObject):
             after,
             limit,
         )
-        return [dict(r) for r in rows]
+        return records(EventRecord, rows)
 
 
     # A trigger-only token's reads carry the owner predicate in the one
@@ -237,7 +247,7 @@ class History(StoreObject):
     # shown, and a foreign execution reads exactly like a missing one (None).
 
     async def execution_events_page(self, execution_id: str, *, after: int, limit: int,
-                                    owner: str | None = None) -> builtins.list[dict[str, Any]] | None:
+                                    owner: str | None = None) -> builtins.list[EventRecord] | None:
         """Events after `after`, oldest first; None when the execution does
         not exist or (with `owner`) was admitted by another token."""
         rows = await self.db.fetch(
@@ -255,13 +265,13 @@ class History(StoreObject):
         )
         if not rows:
             return None
-        return [dict(r) for r in rows if r["event_id"] is not None]
+        return records(EventRecord, (r for r in rows if r["event_id"] is not None))
 
 
     async def execution_steps_page(
         self, execution_id: str, *, include_values: bool, limit: int,
         after: tuple[int, datetime, str] | None = None, owner: str | None = None,
-    ) -> builtins.list[dict[str, Any]] | None:
+    ) -> builtins.list[StepPageRow] | None:
         """Recorded steps (by recorded_at), then effect attempts in doubt (by
         started_at), then steps a redrive superseded (status 'superseded', by
         their recorded_at), keyset-paginated on (group, time, step key);
@@ -329,12 +339,12 @@ class History(StoreObject):
         )
         if not rows:
             return None
-        return [dict(r) for r in rows if r["step_key"] is not None]
+        return records(StepPageRow, (r for r in rows if r["step_key"] is not None))
 
 
     async def execution_late_observations_page(
         self, execution_id: str, *, after: int, limit: int, owner: str | None = None,
-    ) -> builtins.list[dict[str, Any]] | None:
+    ) -> builtins.list[LateObservation] | None:
         """Late observations after `after` (an observation ID), oldest first;
         None when the execution does not exist or (with `owner`) was admitted
         by another token."""
@@ -354,7 +364,7 @@ class History(StoreObject):
         )
         if not rows:
             return None
-        return [dict(r) for r in rows if r["observation_id"] is not None]
+        return records(LateObservation, (r for r in rows if r["observation_id"] is not None))
 
 
     async def exists(self, execution_id: str) -> bool:
@@ -391,7 +401,7 @@ class History(StoreObject):
         return (row is not None), (row["admitted_by"] if row is not None else None)
 
 
-    async def attempt_history(self, execution_id: str) -> builtins.list[dict[str, Any]]:
+    async def attempt_history(self, execution_id: str) -> builtins.list[AttemptRecord]:
         """Failed attempts (step_key set) and `Retry` reasons (step_key NULL), oldest first."""
         rows = await self.db.fetch(
             """
@@ -400,7 +410,7 @@ class History(StoreObject):
             """,
             execution_id,
         )
-        return [dict(r) for r in rows]
+        return records(AttemptRecord, rows)
 
 
     async def prune_terminal(self, older_than_seconds: float, limit: int) -> int:

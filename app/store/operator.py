@@ -14,6 +14,7 @@ import asyncpg
 from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.handle import StoreObject
+from app.store.records import TreeCancelled, record
 from app.store.types import NOTIFY_CHANNEL, TERMINAL_SQL, InvalidEvent, WakeAnswer
 
 CancelAnswer = Literal["cancelled", "requested", "terminal", "not_found"]
@@ -231,7 +232,7 @@ class Operator(StoreObject):
 
 
 async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
-                      terminate: bool) -> asyncpg.Record | None:
+                      terminate: bool) -> TreeCancelled | None:
     """Cancel (or, `terminate`, end at once) `execution_id` and every
     unfinished descendant, in the caller's transaction; the root's row
     (status, cancelled_now) or None when it is missing or already ended."""
@@ -250,7 +251,7 @@ async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
     await conn.execute(
         "SELECT 1 FROM executions WHERE execution_id = $1 FOR UPDATE", execution_id
     )
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         f"""
         WITH RECURSIVE tree AS (
             SELECT execution_id FROM executions
@@ -306,4 +307,5 @@ async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
         by,
         terminate,
     )
+    return record(TreeCancelled, row) if row is not None else None
 

@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 
 from app.store.handle import StoreObject
+from app.store.records import ScheduleEventRecord, ScheduleRead, ScheduleRecord, record, records
 from app.store.types import InvalidEvent
 
 _COLUMNS = """schedule_id, workflow_id, cron, timezone, params, paused, catch_up, source,
@@ -36,7 +37,7 @@ class ScheduleTurn:
     the database time the evaluation runs up to."""
 
     conn: asyncpg.Connection
-    schedule: dict[str, Any]
+    schedule: ScheduleRecord
     now: datetime
 
     async def finish(self, until: datetime, *, skipped: int = 0,
@@ -75,7 +76,7 @@ class Schedules(StoreObject):
         params: Any,
         catch_up: int | None = None,
         by: str | None = None,
-    ) -> tuple[bool, dict[str, Any]]:
+    ) -> tuple[bool, ScheduleRecord]:
         """(True, the new schedule) or (False, the schedule that already holds
         the ID; nothing changed). Slots after creation time fire."""
         try:
@@ -101,7 +102,7 @@ class Schedules(StoreObject):
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(str(exc)) from exc
         if row is not None:
-            return True, dict(row)
+            return True, record(ScheduleRecord, row)
         existing = await self.get_schedule(schedule_id)
         if existing is None:  # deleted in between; try once more
             return await self.create_schedule(
@@ -112,7 +113,7 @@ class Schedules(StoreObject):
 
     async def upsert_code_schedule(
         self, *, schedule_id: str, workflow_id: str, cron: str, timezone: str, params: Any
-    ) -> dict[str, Any] | None:
+    ) -> ScheduleRecord | None:
         """Create or update a schedule declared in workflow code. An existing
         schedule keeps `paused`, `catch_up` and `last_slot` (so a restart
         neither refires nor forgets slots); code owns the definition."""
@@ -134,7 +135,8 @@ class Schedules(StoreObject):
         )
         # Unchanged (the upsert's WHERE found nothing to change): as stored
         # (None only if deleted meanwhile).
-        return dict(row) if row is not None else await self.get_schedule(schedule_id)
+        return (record(ScheduleRecord, row) if row is not None
+                else await self.get_schedule(schedule_id))
 
     async def drop_code_schedules(self, workflow_ids: list[str]) -> list[str]:
         """Delete the code-defined schedules of these workflows (their code no
@@ -157,17 +159,17 @@ class Schedules(StoreObject):
         )
         return [r["schedule_id"] for r in rows]
 
-    async def get_schedule(self, schedule_id: str) -> dict[str, Any] | None:
+    async def get_schedule(self, schedule_id: str) -> ScheduleRead | None:
         """The schedule, with the database's `now` (to say when it fires next)."""
         row = await self.db.fetchrow(
             f"SELECT {_COLUMNS}, now() AS db_now FROM schedules WHERE schedule_id = $1",
             schedule_id,
         )
-        return dict(row) if row is not None else None
+        return record(ScheduleRead, row) if row is not None else None
 
     async def list_schedules(
         self, *, workflow_id: str | None = None, after: str | None = None, limit: int = 100
-    ) -> tuple[list[dict[str, Any]], str | None]:
+    ) -> tuple[list[ScheduleRead], str | None]:
         """Ordered by schedule ID; `after` is the last ID of the previous page."""
         rows = await self.db.fetch(
             f"""
@@ -179,11 +181,11 @@ class Schedules(StoreObject):
             """,
             workflow_id, after, limit + 1,
         )
-        page = [dict(r) for r in rows[:limit]]
+        page = records(ScheduleRead, rows[:limit])
         return page, (page[-1]["schedule_id"] if len(rows) > limit else None)
 
     async def set_schedule_paused(self, schedule_id: str, paused: bool,
-                                  by: str | None = None) -> dict[str, Any] | None:
+                                  by: str | None = None) -> ScheduleRead | None:
         """Pause or resume; None if there is no such schedule. Resuming moves
         last_slot to now: slots that passed while paused do not fire. Setting
         the state it already has changes nothing and records nothing."""
@@ -223,7 +225,7 @@ class Schedules(StoreObject):
         )
         return bool(deleted)
 
-    async def schedule_events(self, schedule_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    async def schedule_events(self, schedule_id: str, limit: int = 100) -> list[ScheduleEventRecord]:
         """The newest `limit` events of a schedule, oldest first."""
         rows = await self.db.fetch(
             """
@@ -234,9 +236,9 @@ class Schedules(StoreObject):
             """,
             schedule_id, limit,
         )
-        return [dict(r) for r in rows]
+        return records(ScheduleEventRecord, rows)
 
-    async def schedule_history(self, schedule_id: str, limit: int = 100) -> list[dict[str, Any]] | None:
+    async def schedule_history(self, schedule_id: str, limit: int = 100) -> list[ScheduleEventRecord] | None:
         """The newest `limit` events of a schedule, oldest first; None when
         there is no such schedule (one statement: a schedule deleted while
         the request runs is not answered with an empty history)."""
@@ -255,11 +257,11 @@ class Schedules(StoreObject):
         )
         if not rows:
             return None
-        return [dict(r) for r in rows if r["event_id"] is not None]
+        return records(ScheduleEventRecord, (r for r in rows if r["event_id"] is not None))
 
     # ------------------------------------------------------------- evaluation
 
-    async def due_schedules(self, workflow_ids: list[str]) -> list[dict[str, Any]]:
+    async def due_schedules(self, workflow_ids: list[str]) -> list[ScheduleRead]:
         """Unpaused schedules of these workflows, with the database's `now`
         (candidates: `schedule_turn` re-reads each under its lock)."""
         rows = await self.db.fetch(
@@ -270,7 +272,7 @@ class Schedules(StoreObject):
             """,
             list(workflow_ids),
         )
-        return [dict(r) for r in rows]
+        return records(ScheduleRead, rows)
 
     @contextlib.asynccontextmanager
     async def schedule_turn(self, schedule_id: str) -> AsyncIterator[ScheduleTurn | None]:
@@ -289,8 +291,8 @@ class Schedules(StoreObject):
             if row is None:
                 yield None
                 return
-            schedule = dict(row)
-            yield ScheduleTurn(conn, schedule, schedule.pop("db_now"))
+            schedule = record(ScheduleRead, row)
+            yield ScheduleTurn(conn, schedule, schedule["db_now"])
 
     async def record_schedule_fired(self, schedule_id: str, execution_id: str,
                                     slot: datetime) -> None:

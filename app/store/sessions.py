@@ -5,9 +5,8 @@ its token is not revoked, all checked in the one statement that reads it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.store.handle import StoreObject
+from app.store.records import SessionToken
 
 
 class Sessions(StoreObject):
@@ -30,7 +29,7 @@ class Sessions(StoreObject):
         )
         return status == "INSERT 0 1"
 
-    async def find_ui_session(self, session_sha256: str) -> tuple[str, dict[str, Any] | None]:
+    async def find_ui_session(self, session_sha256: str) -> tuple[str, SessionToken | None]:
         """("valid", the token's row) or ("ended" | "expired" | "revoked" |
         "unknown", None). Whether the session is usable is decided here, in
         one statement with its token's revocation: revoking a token ends its

@@ -9,9 +9,8 @@ them with `token_quotas()` every few seconds and counts in memory
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.store.handle import StoreObject
+from app.store.records import TokenRecord, TokenSecret, record, records
 
 # A quota change: a positive limit, None to remove it, or UNCHANGED.
 UNCHANGED = object()
@@ -28,12 +27,12 @@ class Tokens(StoreObject):
             token_id, name, role, secret_sha256, admissions_per_minute, signals_per_minute,
         )
 
-    async def list_tokens(self) -> list[dict[str, Any]]:
+    async def list_tokens(self) -> list[TokenRecord]:
         rows = await self.db.fetch(
             "SELECT token_id, name, role, created_at, revoked_at, admissions_per_minute, "
             "signals_per_minute FROM api_tokens ORDER BY created_at"
         )
-        return [dict(r) for r in rows]
+        return records(TokenRecord, rows)
 
     async def revoke_token(self, token_id_or_name: str) -> int:
         """Revoke by ID, or every live token of that name. Returns how many."""
@@ -83,10 +82,10 @@ class Tokens(StoreObject):
         )
         return {r["token_id"]: (r["admissions_per_minute"], r["signals_per_minute"]) for r in rows}
 
-    async def find_token(self, token_id: str) -> dict[str, Any] | None:
+    async def find_token(self, token_id: str) -> TokenSecret | None:
         row = await self.db.fetchrow(
             "SELECT token_id, name, role, secret_sha256 FROM api_tokens "
             "WHERE token_id = $1 AND revoked_at IS NULL",
             token_id,
         )
-        return dict(row) if row is not None else None
+        return record(TokenSecret, row) if row is not None else None

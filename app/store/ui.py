@@ -12,6 +12,14 @@ import asyncpg
 
 from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, queue_state_joins, reason_sql
 from app.store.handle import StoreObject
+from app.store.records import (
+    ActivityMinute,
+    DashboardExecution,
+    DashboardQueue,
+    OutcomeUnknownEffect,
+    record,
+    records,
+)
 from app.store.types import healed_status_sql, record_columns
 
 # How the listing may be ordered: a fixed set, never built from input.
@@ -45,7 +53,7 @@ class Dashboard(StoreObject):
         sort: str = "admitted-desc",
         offset: int = 0,
         limit: int = 50,
-    ) -> tuple[list[dict[str, Any]], int]:
+    ) -> tuple[list[DashboardExecution], int]:
         """One page of the healed records matching every filter given, each
         with `blocked_reason` (app/blocked.py's reason, 'none' when terminal),
         and how many match in all. `admitted_to` is exclusive."""
@@ -86,9 +94,9 @@ class Dashboard(StoreObject):
             )
             total = await conn.fetchval(f"WITH {QUEUE_STATE_CTES} SELECT count(*) {where}",
                                         *args)
-        return [dict(r) for r in rows], int(total)
+        return records(DashboardExecution, rows), int(total)
 
-    async def queues(self) -> list[dict[str, Any]]:
+    async def queues(self) -> list[DashboardQueue]:
         """Every queue with its declared, run-time and effective settings,
         what it holds now (running: slots held, as the claim counts), how
         many of its executions are due (waiting to be claimed) and how many
@@ -114,11 +122,12 @@ class Dashboard(StoreObject):
             self.config.redelivery_base,
             self.config.redelivery_cap,
         )
-        return [{**dict(r), "declared": _json(r["declared"]), "override": _json(r["override"])}
+        return [record(DashboardQueue, r)
+                | {"declared": _json(r["declared"]), "override": _json(r["override"])}
                 for r in rows]
 
     async def queue_waiting(self, queue: str, *, live_workflows: set[str],
-                            limit: int = 20) -> list[dict[str, Any]]:
+                            limit: int = 20) -> list[DashboardExecution]:
         """The queue's due executions in the order the claim takes them
         (priority, then due time), each with `blocked_reason` (app/blocked.py's
         rule: due, no-worker, or what of the queue holds it back)."""
@@ -142,7 +151,7 @@ class Dashboard(StoreObject):
             sorted(live_workflows),
             limit,
         )
-        return [dict(r) for r in rows]
+        return records(DashboardExecution, rows)
 
     async def status_counts(self) -> dict[str, int]:
         """Executions per status, as reads report it (the healed view)."""
@@ -160,7 +169,7 @@ class Dashboard(StoreObject):
         )
         return [r["workflow_id"] for r in rows]
 
-    async def activity_per_minute(self, minutes: int = 60) -> tuple[datetime, list[dict[str, Any]]]:
+    async def activity_per_minute(self, minutes: int = 60) -> tuple[datetime, list[ActivityMinute]]:
         """(database now, one row per minute, oldest first, of the last
         `minutes`): completions and failures (acknowledged as completed /
         failed or timed_out) and unacknowledged deliveries (released, or a
@@ -200,7 +209,7 @@ class Dashboard(StoreObject):
                 first_id,
                 now,
             )
-        return now, [dict(r) for r in rows]
+        return now, records(ActivityMinute, rows)
 
     @staticmethod
     async def _first_event_id_at(conn: asyncpg.Connection, since: datetime) -> int:
@@ -236,7 +245,7 @@ class Dashboard(StoreObject):
         )
         return {r["lease_owner"]: int(r["n"]) for r in rows}
 
-    async def outcome_unknown_effects(self, execution_id: str) -> list[dict[str, Any]]:
+    async def outcome_unknown_effects(self, execution_id: str) -> list[OutcomeUnknownEffect]:
         """The effect attempts of one execution waiting for an operator."""
         rows = await self.db.fetch(
             """
@@ -247,7 +256,7 @@ class Dashboard(StoreObject):
             """,
             execution_id,
         )
-        return [dict(r) for r in rows]
+        return records(OutcomeUnknownEffect, rows)
 
 
 def _json(value: Any) -> Any:

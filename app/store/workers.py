@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, queue_state_joins, reason_sql
 from app.store.handle import StoreObject
+from app.store.records import MetricsSnapshot, WorkerHolder, WorkerRecord, record, records
 from app.store.types import record_columns
 
 
@@ -13,7 +12,7 @@ class Workers(StoreObject):
     async def register_worker(
         self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int,
         live_within_seconds: float | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> WorkerHolder | None:
         """Register (or re-register) `worker_id`, starting now. With
         `live_within_seconds`, an ID another live worker holds (not stopped,
         heartbeat within that long, another host or pid) is not taken: its
@@ -42,7 +41,7 @@ class Workers(StoreObject):
             return None
         holder = await self.db.fetchrow(
             "SELECT host, pid, heartbeat_at FROM workers WHERE worker_id = $1", worker_id)
-        return dict(holder) if holder is not None else None
+        return record(WorkerHolder, holder) if holder is not None else None
 
     async def heartbeat(self, worker_id: str) -> None:
         await self.db.execute(
@@ -55,7 +54,7 @@ class Workers(StoreObject):
             worker_id,
         )
 
-    async def list_workers(self, *, stale_after_seconds: float, recent_seconds: float = 3600) -> list[dict[str, Any]]:
+    async def list_workers(self, *, stale_after_seconds: float, recent_seconds: float = 3600) -> list[WorkerRecord]:
         """Live workers (heartbeat within `stale_after_seconds`, not stopped)
         and those that stopped or went silent within `recent_seconds`."""
         rows = await self.db.fetch(
@@ -79,9 +78,9 @@ class Workers(StoreObject):
             float(stale_after_seconds),
             float(recent_seconds),
         )
-        return [dict(r) for r in rows]
+        return records(WorkerRecord, rows)
 
-    async def metrics_snapshot(self, live_within_seconds: float = 31.0) -> dict[str, Any]:
+    async def metrics_snapshot(self, live_within_seconds: float = 31.0) -> MetricsSnapshot:
         """Gauges over unfinished rows, each read as the API reports it (the
         healed view of app/store/types.py: an expired lease counts as the
         reaper will leave it), and why each waits by app/blocked.py's rule,

@@ -41,6 +41,7 @@ from app.commands.operations import (
     start_operation,
     stop_operation,
 )
+from app.store.records import OperationRecord
 
 router = APIRouter(prefix="/v1/operations", tags=["bulk operations"],
                    responses={**UNAUTHENTICATED, **FORBIDDEN})
@@ -109,12 +110,14 @@ class DryRun(Camel):
     sample: list[str]
 
 
-def _view(row: dict) -> dict:
+def _view(row: OperationRecord) -> dict:
     return {
         "operationId": row["operation_id"], "action": row["action"], "status": row["status"],
         "filter": row["filter"], "reason": row["reason"], "by": row["created_by"],
         "matched": row["matched"], "done": row["done"], "failed": row["failed"],
-        "pending": row["pending"], "failures": row["failures"],
+        "pending": row["pending"],
+        "failures": [{"executionId": f["execution_id"], "code": f["code"],
+                      "message": f["message"]} for f in row["failures"]],
         "createdAt": row["created_at"], "finishedAt": row["finished_at"],
     }
 

@@ -57,6 +57,7 @@ from app.registry import WorkflowDefinition
 from app.schema import TERMINAL_STATUSES
 from app.store import Conflict, InvalidEvent, decode_cursor
 from app.store.admission import Existing
+from app.store.records import HealedExecution
 
 # Its members are app.blocked's reasons (mypy reads only literal members).
 BlockedReason = Enum(  # type: ignore[misc]
@@ -236,7 +237,7 @@ async def _existing_record(store, settings, principal, existing: Existing) -> di
     return _view(principal, row, await live_workflows(store, settings, [row]))
 
 
-def _view(principal, row: dict, live: set[str] | None) -> dict:
+def _view(principal, row: HealedExecution, live: set[str] | None) -> dict:
     view = record(row, live)
     view["outcome"] = outcome_for(principal, view["outcome"])
     return view
@@ -348,7 +349,7 @@ async def get_execution(
 ):
     _check_path_id(execution_id)
 
-    async def read() -> dict:
+    async def read() -> HealedExecution:
         # One statement reads the record under the owner predicate: foreign = missing.
         row = await store.history.get(execution_id, owner=owner_of(principal))
         if row is None:

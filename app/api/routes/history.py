@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
@@ -30,6 +30,7 @@ from app.api.common import (
 from app.api.deps import SettingsDep, StoreDep
 from app.api.errors import ApiError, not_found
 from app.api.models import WorkerList, worker_view
+from app.store.records import StepPageRow
 
 router = APIRouter(tags=["history"], responses=UNAUTHENTICATED)
 
@@ -57,7 +58,10 @@ class LateObservationList(BaseModel):
 # trigger-only token (owner_of): a foreign execution is the same 404 as a
 # missing one, and nothing admitted by another token mid-request is shown.
 
-def _found(execution_id: str, rows: list[dict] | None) -> list[dict]:
+Row = TypeVar("Row")
+
+
+def _found(execution_id: str, rows: list[Row] | None) -> list[Row]:
     """A page of the execution's rows; None (no such execution, or another
     token's) is 404."""
     if rows is None:
@@ -86,7 +90,7 @@ async def events(
     return {"events": page, "nextAfter": page[-1]["eventId"] if len(page) == limit else None}
 
 
-def _step_cursor(row: dict) -> str:
+def _step_cursor(row: StepPageRow) -> str:
     raw = json.dumps([row["grp"], row["sort_at"].isoformat(), row["step_key"]]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 

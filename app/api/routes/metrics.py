@@ -29,7 +29,8 @@ router = APIRouter(tags=["health"], responses={**UNAUTHENTICATED, **FORBIDDEN})
 async def metrics(request: Request, store: StoreDep, settings: SettingsDep,
                   _: StrictReader) -> Response:
     try:
-        snap = await store.workers.metrics_snapshot(live_within_seconds=3 * settings.renew_seconds + 1)
+        snap = dict(await store.workers.metrics_snapshot(
+            live_within_seconds=3 * settings.renew_seconds + 1))
         snap["workflows"] = sorted(request.app.state.workflows or ())
     except DATABASE_ERROR_TYPES as exc:
         if not is_infrastructure(exc):

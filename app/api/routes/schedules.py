@@ -35,6 +35,7 @@ from app.commands import schedules
 from app.commands.schedules import check_schedule_id, schedule_not_found
 from app.registry import SCHEDULE_ID_RE
 from app.store import InvalidEvent
+from app.store.records import ScheduleRecord
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=AUTH_ERRORS)
 
@@ -111,11 +112,14 @@ class ScheduleEventList(BaseModel):
     events: list[ScheduleEvent]
 
 
-def _view(row: dict) -> dict:
+def _view(row: ScheduleRecord) -> dict:
     next_slot = None
     if not row["paused"]:
         try:
-            after = max(row["last_slot"], row.get("db_now") or row["last_slot"])
+            # A read carries the database's now; a creation's row does not.
+            db_now = row.get("db_now")
+            after = (max(row["last_slot"], db_now) if isinstance(db_now, datetime)
+                     else row["last_slot"])
             next_slot = cron.next_slot(cron.parse(row["cron"]), cron.zone(row["timezone"]), after)
         except (cron.CronError, cron.TimezoneError):
             next_slot = None
