@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.store.handle import StoreObject
+from app.store.records import QueueChangeRecord, QueueCounts, QueueSettings, record, records
 
 # The lock a claim takes on each queue (fencepost_claim_limits, revision
 # 0008): a change of settings takes it exclusively, so it waits for the
@@ -43,12 +44,12 @@ class Queues(StoreObject):
         )
 
     async def change(self, name: str, settings: dict[str, Any], *, actor: str | None,
-                     reset: list[str] | None = None) -> dict[str, Any]:
+                     reset: list[str] | None = None) -> QueueSettings:
         """Set run-time settings (they win over the declared ones; a None
         value means "no limit"), and drop the run-time value of each setting
         in `reset` (the declared one applies again). Recorded as a change.
         Returns the queue's settings after the change."""
-        async def run(db: Any) -> dict[str, Any]:
+        async def run(db: Any) -> QueueSettings:
             await db.execute(_LOCK_QUEUE, name)
             row = await db.fetchrow(
                 """
@@ -74,16 +75,16 @@ class Queues(StoreObject):
             return await self._one(db, name)
         return await self.db.run_in_transaction(run)
 
-    async def get(self, name: str) -> dict[str, Any] | None:
+    async def get(self, name: str) -> QueueSettings | None:
         """One queue's declared, run-time and effective settings, or None."""
         row = await self.db.fetchrow(_SETTINGS + " WHERE q.name = $1", name)
         return _settings_row(row) if row is not None else None
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> list[QueueSettings]:
         rows = await self.db.fetch(_SETTINGS + " ORDER BY q.name")
         return [_settings_row(r) for r in rows]
 
-    async def counts(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    async def counts(self, names: Sequence[str] | None = None) -> dict[str, QueueCounts]:
         """Per queue (all, or those named): `running` (executions holding a
         slot), `due` (waiting to be claimed) and `starts_in_period` (starts
         within the rate period; None without a rate limit)."""
@@ -93,16 +94,19 @@ class Queues(StoreObject):
         return {r["name"]: {"running": r["running"], "due": r["due"],
                             "starts_in_period": r["starts_in_period"]} for r in rows}
 
-    async def changes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
+    async def changes(self, name: str, limit: int = 20) -> builtins.list[QueueChangeRecord]:
         """The queue's newest changes first: at, actor (`code` for a changed
         declaration) and what changed."""
         rows = await self.db.fetch(
             "SELECT change_id, at, actor, change FROM queue_changes WHERE queue = $1 "
             "ORDER BY change_id DESC LIMIT $2", name, limit)
-        return [{**dict(r), "change": json.loads(r["change"]) if isinstance(r["change"], str)
-                 else r["change"]} for r in rows]
+        changes = records(QueueChangeRecord, rows)
+        for c, r in zip(changes, rows, strict=True):
+            if isinstance(r["change"], str):
+                c["change"] = json.loads(r["change"])
+        return changes
 
-    async def _one(self, db: Any, name: str) -> dict[str, Any]:
+    async def _one(self, db: Any, name: str) -> QueueSettings:
         row = await db.fetchrow(_SETTINGS + " WHERE q.name = $1", name)
         return _settings_row(row)
 
@@ -114,11 +118,12 @@ _SETTINGS = """
 """
 
 
-def _settings_row(row: Any) -> dict[str, Any]:
-    out = dict(row)
-    for key in ("declared", "override"):
-        if isinstance(out[key], str):
-            out[key] = json.loads(out[key])
+def _settings_row(row: Any) -> QueueSettings:
+    out = record(QueueSettings, row)
+    if isinstance(row["declared"], str):
+        out["declared"] = json.loads(row["declared"])
+    if isinstance(row["override"], str):
+        out["override"] = json.loads(row["override"])
     return out
 
 

@@ -210,6 +210,43 @@ class DashboardQueue(TypedDict):
     limited: int
 
 
+class QueueSettings(TypedDict):
+    """A queue's settings: what code declares and what an operator set at
+    run time (each as given), and the effective ones (the run-time setting
+    of a field wins; NULL: no such limit)."""
+
+    name: str
+    declared: dict[str, Any]
+    override: dict[str, Any]
+    updated_at: datetime
+    concurrency: int | None
+    per_key_concurrency: int | None
+    rate_limit: int | None
+    rate_period: float | None
+    rate_per_key: bool
+    hold_while_suspended: bool
+    paused: bool
+
+
+class QueueCounts(TypedDict):
+    """What a queue holds now: slots held (`running`, as the claim counts),
+    executions due, and starts within the rate period (None without a rate limit)."""
+
+    running: int
+    due: int
+    starts_in_period: int | None
+
+
+class QueueChangeRecord(TypedDict):
+    """One change of a queue's settings: when, who (`code` for a changed
+    declaration) and what changed."""
+
+    change_id: int
+    at: datetime
+    actor: str | None
+    change: dict[str, Any]
+
+
 # --------------------------------------------------------------------- workers
 
 

@@ -17,7 +17,6 @@ from app.store.records import (
     DashboardExecution,
     DashboardQueue,
     OutcomeUnknownEffect,
-    record,
     records,
 )
 from app.store.types import healed_status_sql, record_columns
@@ -122,9 +121,10 @@ class Dashboard(StoreObject):
             self.config.redelivery_base,
             self.config.redelivery_cap,
         )
-        return [record(DashboardQueue, r)
-                | {"declared": _json(r["declared"]), "override": _json(r["override"])}
-                for r in rows]
+        queues = records(DashboardQueue, rows)
+        for q in queues:
+            q["declared"], q["override"] = _json(q["declared"]), _json(q["override"])
+        return queues
 
     async def queue_waiting(self, queue: str, *, live_workflows: set[str],
                             limit: int = 20) -> list[DashboardExecution]:

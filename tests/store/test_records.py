@@ -27,8 +27,11 @@ from app.store.records import (
     OperationFailure,
     OperationRecord,
     OutcomeUnknownEffect,
+    QueueChangeRecord,
+    QueueCounts,
     QueueGauges,
     QueueLimits,
+    QueueSettings,
     ScheduleEventRecord,
     ScheduleRead,
     ScheduleRecord,
@@ -203,3 +206,8 @@ async def test_the_reads_of_queues_return_their_records(store: ExecutionStore) -
     snapshot = await store.workers.metrics_snapshot()
     shaped(snapshot["queues"].values(), QueueGauges)
     shaped([g["limits"] for g in snapshot["queues"].values()], QueueLimits)
+    shaped(await store.queues.get("rec-q"), QueueSettings)
+    shaped(await store.queues.list(), QueueSettings)
+    shaped(await store.queues.change("rec-q", {"paused": True}, actor="test"), QueueSettings)
+    shaped((await store.queues.counts(["rec-q"])).values(), QueueCounts)
+    shaped(await store.queues.changes("rec-q"), QueueChangeRecord)

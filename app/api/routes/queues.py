@@ -31,6 +31,7 @@ from app.api.models import JSON_INTEGER
 from app.commands import queues as commands
 from app.commands.errors import CommandError, invalid
 from app.queues import MAX_LIMIT, MAX_RATE_PERIOD
+from app.store.records import QueueCounts, QueueSettings
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"], responses=AUTH_ERRORS)
 
@@ -177,12 +178,12 @@ def _wire_change(change: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def queue_view(row: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+def queue_view(row: QueueSettings, counts: QueueCounts) -> dict[str, Any]:
     return {
         "name": row["name"],
         "declared": wire_settings(row["declared"]),
         "override": wire_settings(row["override"]),
-        "effective": wire_settings({k: row[k] for k in FIELDS_STORED}),
+        "effective": wire_settings({k: v for k, v in row.items() if k in FIELDS_STORED}),
         "counts": {"running": counts["running"], "due": counts["due"],
                    "startsInPeriod": counts["starts_in_period"]},
         "updatedAt": row["updated_at"],
@@ -228,7 +229,7 @@ def stored_change(req: QueueChange) -> tuple[dict[str, Any], list[str]]:
 async def list_queues(store: StoreDep, principal: StrictReader):
     rows = await store.queues.list()
     counts = await store.queues.counts()
-    empty = {"running": 0, "due": 0, "starts_in_period": None}
+    empty: QueueCounts = {"running": 0, "due": 0, "starts_in_period": None}
     return {"queues": [queue_view(r, counts.get(r["name"], empty)) for r in rows]}
 
 
