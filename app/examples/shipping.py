@@ -38,5 +38,6 @@ def book_with_carrier(order_id: int, warehouse: str, weight_grams: int, *,
 async def book_shipment(ctx: WorkflowContext, p: Shipment) -> dict[str, Any]:
     # The carrier deduplicates by the idempotency key: a booking in doubt
     # (a crash after calling out) may safely be made again.
-    return await ctx.effect("book-with-carrier", book_with_carrier, p.order_id, p.warehouse,
-                            p.weight_grams, idempotent=True)
+    booking: dict[str, Any] = await ctx.effect("book-with-carrier", book_with_carrier, p.order_id,
+                                               p.warehouse, p.weight_grams, idempotent=True)
+    return booking
