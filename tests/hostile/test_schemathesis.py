@@ -134,12 +134,21 @@ def unstorable(operation: str, code: str | None, message: str) -> bool:
         or (code == "INVALID_RESOLUTION" and "cannot be stored exactly" in message))
 
 
+def beyond_utc(operation: str, code: str | None, message: str) -> bool:
+    """A listing's time whose offset puts it before year 1 or after year 9999
+    in UTC (admittedBefore=0001-01-01T00:00:00+01:00) is refused: a date-time
+    in the schema bounds its year as written, not once the offset applies."""
+    return (operation == "listExecutions" and code == "INVALID_REQUEST"
+            and "between years 0001 and 9999" in message)
+
+
 def accepts_valid_data(ctx, response, case):
-    """positive_data_acceptance, but for the refusals REFUSED_VALID explains
-    and values the store cannot hold exactly."""
+    """positive_data_acceptance, but for the refusals REFUSED_VALID explains,
+    values the store cannot hold exactly and times beyond UTC's years."""
     code, message = error(response)
-    if (operation_id(case), code) in REFUSED_VALID or unstorable(operation_id(case), code,
-                                                                   message):
+    operation = operation_id(case)
+    if ((operation, code) in REFUSED_VALID or unstorable(operation, code, message)
+            or beyond_utc(operation, code, message)):
         return None
     return positive_data_acceptance(ctx, response, case)
 
