@@ -10,6 +10,7 @@ the caller's words (`Wording`: API or DASHBOARD).
   redrive      redrive, fork
   operations   start_operation, stop_operation (bulk)
   schedules    set_paused (pause, resume), delete
+  queues       change_queue (run-time settings, reset), pause, resume, read_queue
   errors       CommandError, Wording, the shared refusals
 """
 
