@@ -184,32 +184,6 @@ class TreeCancelled(TypedDict):
     cancelled_now: int
 
 
-class DashboardQueue(TypedDict):
-    """A queue as the dashboard shows it: its effective settings (what code
-    declares, overlaid with what an operator set: both kept as given), the
-    slots it holds now (`running`, as the claim counts), its starts within
-    the rate period when rate-limited per queue (`starts`, the oldest at
-    `oldest_start`), its due executions and how many of those its limits or
-    a pause hold back (`limited`)."""
-
-    name: str
-    paused: bool
-    concurrency: int | None
-    per_key_concurrency: int | None
-    rate_limit: int | None
-    rate_period: float | None
-    rate_per_key: bool
-    hold_while_suspended: bool
-    running: int
-    starts: int | None
-    oldest_start: datetime | None
-    declared: dict[str, Any]
-    override: dict[str, Any]
-    updated_at: datetime
-    due: int
-    limited: int
-
-
 class QueueSettings(TypedDict):
     """A queue's settings: what code declares and what an operator set at
     run time (each as given), and the effective ones (the run-time setting
@@ -226,6 +200,21 @@ class QueueSettings(TypedDict):
     rate_per_key: bool
     hold_while_suspended: bool
     paused: bool
+
+
+class DashboardQueue(QueueSettings):
+    """A queue as the dashboard shows it: its settings (QueueSettings), the
+    slots it holds now (`running`, as the claim counts), its starts within
+    the rate period when rate-limited per queue (`starts`, the oldest at
+    `oldest_start`), its due executions and how many of those its limits or
+    a pause hold back (`limited`)."""
+
+    running: int
+    starts: int | None
+    oldest_start: datetime | None
+    due: int
+    limited: int
+
 
 
 class QueueCounts(TypedDict):
