@@ -19,7 +19,7 @@ from tests.support.harness import (
     opened,
 )
 from tests.support.history import events_of
-from tests.support.responses import assert_error
+from tests.support.responses import assert_error, post_raw
 from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,6 +103,63 @@ async def test_bulk_requests_are_checked_and_change_nothing(
     assert_error(await api.get("/v1/operations/whatever"), 404, "OPERATION_NOT_FOUND")
     assert await store.pool.fetchval("SELECT count(*) FROM operations") == 0
     assert (await store.history.get("untouched"))["status"] == "admitted"
+
+
+# A resolution's result jsonb cannot hold exactly: a float written with an
+# exponent (jsonb would give it back as an integer), at any depth.
+UNSTORABLE_RESULTS = {
+    "large-float": b"1e16",
+    "negative-large-float": b"-2.5e20",
+    "nested-large-float": b'{"a":[1,{"b":1e300}]}',
+}
+
+
+@pytest.mark.parametrize("result", list(UNSTORABLE_RESULTS.values()),
+                         ids=list(UNSTORABLE_RESULTS))
+@pytest.mark.parametrize("action", ["succeed", "retry"])
+async def test_a_resolution_result_that_cannot_be_stored_exactly_is_refused_and_stores_nothing(
+        store: ExecutionStore, api: httpx.AsyncClient, action: str, result: bytes) -> None:
+    await admit(store, "rd-order", "parked-later")
+    body = (b'{"action":"resolve","filter":{"workflowId":"rd-order"},"resolution":'
+            b'{"action":"' + action.encode() + b'","result":' + result + b"}}")
+    err = assert_error(await post_raw(api, body, "/v1/operations"), 422,
+                       "INVALID_EXECUTION_EVENT")
+    assert "resolution.result" in err["message"], err
+    assert await store.pool.fetchval("SELECT count(*) FROM operations") == 0
+    assert await store.pool.fetchval("SELECT count(*) FROM operation_items") == 0
+    # Stored exactly (a float without an exponent, an integer): accepted.
+    r = await api.post("/v1/operations", json={
+        "action": "resolve", "filter": {"workflowId": "rd-order"},
+        "resolution": {"action": "succeed", "result": [1.5, 10**16, -0.0]}})
+    assert r.status_code == 202, r.text
+
+
+# Times whose offset puts them before year 1 or after year 9999 in UTC (a
+# date-time in the schema bounds its year as written).
+BEFORE_YEAR_1 = "0001-01-01T00:00:00+05:00"
+AFTER_9999 = "9999-12-31T23:30:00-01:00"
+
+
+async def test_a_filter_time_beyond_the_years_utc_holds_reads_as_the_nearest_it_holds(
+        store: ExecutionStore, api: httpx.AsyncClient) -> None:
+    eid = await admit(store, "rd-order", "any-time")
+    for times, matched in (({"admittedFrom": BEFORE_YEAR_1}, 1),
+                           ({"admittedTo": AFTER_9999}, 1),
+                           ({"admittedFrom": BEFORE_YEAR_1, "admittedTo": AFTER_9999}, 1),
+                           ({"admittedFrom": AFTER_9999}, 0),
+                           ({"admittedTo": BEFORE_YEAR_1}, 0)):
+        body = {"action": "cancel", "filter": {"workflowId": "rd-order", **times}}
+        dry = await api.post("/v1/operations", json={**body, "dryRun": True})
+        assert dry.status_code == 200, (times, dry.text)
+        assert dry.json()["matched"] == matched, (times, dry.json())
+        if matched == 0:
+            continue
+        r = await api.post("/v1/operations", json={**body, "reason": "all of time"})
+        assert r.status_code == 202, (times, r.text)
+        op = r.json()
+        assert op["matched"] == 1 and set(op["filter"]) == {"workflowId", *times}, op
+    # The operations are not carried out here (no batch runs): nothing changed.
+    assert (await store.history.get(eid))["status"] == "admitted"
 
 
 async def test_bulk_resume_and_resolve(store: ExecutionStore, api: httpx.AsyncClient) -> None:

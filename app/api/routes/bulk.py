@@ -3,8 +3,10 @@ out by workers in bounded batches; progress and failures per execution."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
@@ -32,6 +34,7 @@ from app.api.models import (
     Camel,
     Status,
     TimeString,
+    in_utc,
 )
 from app.api.routes.operations import ActorBody, StepError
 from app.commands.operations import OPERATION_ID as OPERATION_ID_RE
@@ -110,6 +113,15 @@ class DryRun(Camel):
     sample: list[str]
 
 
+def _beyond_utc(moment: datetime) -> bool:
+    """Whether `moment`'s offset puts it before year 1 or after 9999 in UTC."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        return True
+    return False
+
+
 def _view(row: OperationRecord) -> dict:
     return {
         "operationId": row["operation_id"], "action": row["action"], "status": row["status"],
@@ -148,6 +160,13 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
         if when is not None and when.tzinfo is None:
             raise ApiError(422, "INVALID_REQUEST", "admittedFrom / admittedTo: give a time "
                            "zone offset (for example 2026-01-01T00:00:00Z)")
+    for name, when in (("admittedFrom", req.filter.admitted_from),
+                       ("admittedTo", req.filter.admitted_to)):
+        if when is not None and _beyond_utc(when):
+            # Before year 1 in UTC is before every admission and after 9999
+            # after every one: the nearest time UTC holds matches the same
+            # executions, and Postgres refuses the time itself.
+            spec[name] = (in_utc(when) or datetime.min.replace(tzinfo=UTC)).isoformat()
     # A resolution of fail records its error, whatever the action: a request
     # the schema calls invalid is refused, a dry run's included.
     if (req.resolution is not None and req.resolution.action == "fail"
@@ -163,9 +182,19 @@ async def create(request: Request, store: StoreDep, settings: SettingsDep, princ
     if req.action == "resolve":
         resolution = req.resolution or BulkResolution()
         options = {"resolution": jsonable_encoder(resolution.model_dump(exclude_none=False))}
-    record = await start_operation(store, req.action, spec, actor(principal, req.by),
-                                   options=options, reason=req.reason,
-                                   max_matched=settings.max_operation_executions)
+    try:
+        record = await start_operation(store, req.action, spec, actor(principal, req.by),
+                                       options=options, reason=req.reason,
+                                       max_matched=settings.max_operation_executions)
+    except asyncpg.DataError as exc:
+        # The one JSON value from the body not yet held to what jsonb stores
+        # exactly is a resolution's result (a float that would come back an
+        # integer); the statement failed whole, so nothing was stored.
+        if req.action != "resolve":
+            raise
+        raise ApiError(422, "INVALID_EXECUTION_EVENT",
+                       f"resolution.result cannot be stored exactly ({exc}); "
+                       "send plain JSON values") from None
     return JSONResponse(jsonable_encoder(_view(record)), status_code=202,
                         headers={"Location": f"/v1/operations/{record['operation_id']}"})
 
