@@ -4,6 +4,7 @@ API on a real Postgres; each test written before the code it exercises."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ from tests.redrive import flows
 from tests.support.admission import admit
 from tests.support.history import events_of
 from tests.support.races import RowLock, until_waiting
-from tests.support.responses import assert_error, get_record
+from tests.support.responses import assert_error, get_record, post_raw
 from tests.support.waiting import wait_status, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,6 +133,32 @@ async def test_redrive_refuses_what_has_not_ended_and_changes_nothing(
                                 json={"deadline": "2001-01-01T00:00:00Z"}), 422,
                  "DEADLINE_IN_THE_PAST")
     assert await events_of(store, eid, "redriven") == []
+
+
+async def test_a_redrive_deadline_beyond_the_years_utc_holds_is_passed_or_the_latest(
+        store: ExecutionStore, api: httpx.AsyncClient) -> None:
+    """A deadline whose offset puts it before year 1 in UTC has passed; one
+    after 9999 is the latest time stored (9999-12-31 UTC). A fork's params
+    Postgres cannot store exactly are refused the same way as anywhere."""
+    eid = await admit(store, "rd-order", "far-1")
+    [d] = await store.leases.claim_due(1, 30, "w")
+    await store.steps.write_step(d.lease, "reserve", value="held")
+    await store.leases.acknowledge(d.lease, "failed", error={"name": "E", "message": "m"})
+
+    assert_error(await api.post(f"/v1/executions/{eid}/redrive",
+                                json={"deadline": "0001-01-01T00:00:00+05:00"}), 422,
+                 "DEADLINE_IN_THE_PAST")
+    assert await events_of(store, eid, "redriven") == []
+    r = await api.post(f"/v1/executions/{eid}/redrive",
+                       json={"deadline": "9999-12-31T23:30:00-01:00"})
+    assert r.status_code == 202, r.text
+    rec = await store.history.get(eid)
+    assert rec["deadline"] == datetime(9999, 12, 31, tzinfo=UTC), rec["deadline"]
+
+    r = await post_raw(api, b'{"fromStep":"reserve","params":{"n":1e16}}',
+                       f"/v1/executions/{eid}/fork")
+    assert_error(r, 422, "INVALID_EXECUTION_EVENT")
+    assert await store.pool.fetchval("SELECT count(*) FROM executions") == 1
 
 
 async def test_two_redrives_at_once_make_one(store: ExecutionStore, pool) -> None:

@@ -4,6 +4,7 @@ decisions are app/commands/redrive.py's."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,6 +36,7 @@ from app.api.models import (
     Camel,
     Status,
     TimeString,
+    in_utc,
 )
 from app.commands import redrive as commands
 
@@ -103,9 +105,14 @@ async def redrive(execution_id: str, request: Request, store: StoreDep, settings
                   principal: Waker):
     _check_path_id(execution_id)
     body = await _optional_body(request, settings, RedriveRequest)
+    deadline = body.deadline
+    if deadline is not None and deadline.tzinfo is not None:
+        # In UTC, as Postgres stores it: one before year 1 there has passed,
+        # one after 9999 is the latest time stored.
+        deadline = in_utc(deadline) or datetime.min.replace(tzinfo=UTC)
     detail = await commands.redrive(
         store, execution_id, actor(principal, body.by), from_step=body.from_step,
-        deadline=body.deadline, timeout_seconds=body.timeout_seconds, reason=body.reason,
+        deadline=deadline, timeout_seconds=body.timeout_seconds, reason=body.reason,
         owner=owner_of(principal))
     return {"executionId": execution_id, "status": detail.status, "redrive": detail.redrive,
             "superseded": detail.superseded}
