@@ -11,6 +11,7 @@ will leave it). One answer per record, the first rule of RULES that holds:
 | `redelivery-delay` | the last delivery ended unacknowledged; not claimable until T | look at the events and logs |
 | `waiting-for-child` | waits for child execution ID to end | look at the child |
 | `waiting-for-signal` | waits for signal NAME (until T, if it has a timeout) | send the signal |
+| `delayed-start` | admitted with a later start (`startAt` / `delaySeconds`), first due at T | wait, or wake it now |
 | `sleeping` | a durable timer, due at T | wait, or wake it now |
 | `queue-paused` | due, but its queue is paused (queue) | resume the queue |
 | `concurrency-limit` | due, but its queue's concurrency limit, or its key's per-key limit, is full (queue, key, running, limit) | wait for a slot, or raise the limit |
@@ -176,6 +177,17 @@ class Later(Condition):
 
     def sql(self, n: Sql) -> str:
         return f"coalesce({n.r}.{self.column} > {n.r}.read_at, false)"
+
+
+@dataclass(frozen=True)
+class NeverClaimed(Condition):
+    """No delivery has ever been made (token 0)."""
+
+    def holds(self, row: Row, known: Known) -> bool:
+        return bool(row["token"] == 0)
+
+    def sql(self, n: Sql) -> str:
+        return f"({n.r}.token = 0)"
 
 
 @dataclass(frozen=True)
@@ -345,6 +357,7 @@ RULES: tuple[tuple[str, Condition], ...] = (
     ("redelivery-delay", Later("redeliver_after")),
     ("waiting-for-child", All((NotDue(), WaitsOn("child")))),
     ("waiting-for-signal", All((NotDue(), WaitsOn("signal")))),
+    ("delayed-start", All((NotDue(), StatusIn(("admitted",)), NeverClaimed()))),
     ("sleeping", NotDue()),
     # Due from here on; held back by its queue first, in the claim's order.
     ("queue-paused", QueuePaused()),
@@ -499,6 +512,7 @@ _DETAILS: dict[str, Callable[[Row, Known], dict[str, Any]]] = {
     "waiting-for-child": lambda row, _: {"child": row["waiting_on"]["child"]},
     "waiting-for-signal": lambda row, _: {"signal": row["waiting_on"]["signal"],
                                           "until": row["due_at"]},
+    "delayed-start": lambda row, _: {"until": row["due_at"]},
     "sleeping": lambda row, _: {"step": (row.get("waiting_on") or {}).get("sleep"),
                                 "until": row["due_at"]},
     "queue-paused": lambda row, known: {"queue": row["queue"]},

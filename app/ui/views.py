@@ -63,6 +63,7 @@ BLOCKED_REASONS: dict[str, str] = {
     "waiting-for-child": "waiting for a child execution to end",
     "waiting-for-signal": "waiting for a signal",
     "sleeping": "sleeping on a durable timer",
+    "delayed-start": "admitted to start later",
     "parked": "parked: needs an operator",
     "queue-paused": "its queue is paused",
     "concurrency-limit": "held back: its queue's concurrency limit is full",
@@ -129,6 +130,12 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        "a retry or a lost lease); the delay grows with each one.",
                        "Look at the events and the worker logs.",
                        blocked.get("until"), "claimable again", "redelivery delay")
+    if reason == "delayed-start":
+        return Blocked(reason, "Admitted to start later.",
+                       "It was admitted with a start time (startAt or delaySeconds) and has "
+                       "not run yet; it becomes due then.",
+                       "Wait, or wake it now to start it at once.", blocked.get("until"),
+                       "starts", "delayed start")
     if reason == "sleeping":
         step = blocked.get("step")
         what = f"on the durable timer of step “{step}”" if step else "until its next wake"

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(60)
 
 # Why an execution is not running now (blockedBy.reason), the child wait
 # included; "none" stands for terminal.
-REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "sleeping",
+REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "delayed-start",
+           "sleeping",
            "waiting-for-signal", "waiting-for-child", "queue-paused", "concurrency-limit",
            "rate-limited", "no-worker", "due")
 
@@ -78,7 +79,9 @@ async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str
     await admit(store, "op-quick", "r-queue-paused", queue="q-paused")
     await admit(store, "op-quick", "r-concurrency", queue="q-one")
     await admit(store, "op-quick", "r-rate", queue="q-rate")
+    await admit(store, "op-quick", "r-delayed", delay_seconds=3600)
     return {
+        "r-delayed": "delayed-start",
         "r-queue-paused": "queue-paused", "r-concurrency": "concurrency-limit",
         "r-rate": "rate-limited",
         "r-leased": "leased", "r-expired": "lease-expired", "r-delay": "redelivery-delay",
@@ -129,6 +132,13 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     for reason in expected.values():
         if reason in ("queue-paused", "concurrency-limit", "rate-limited"):
             assert sum(n for (r, _), n in waiting.items() if r == reason) == 1, (reason, waiting)
+
+    # A delayed start says when it is first due (not "sleeping": no step waits).
+    delayed = (await get_record(api, "r-delayed"))["blockedBy"]
+    assert delayed == {"reason": "delayed-start", "until": delayed["until"]}, delayed
+    admitted_at = await pool.fetchval(
+        "SELECT admitted_at FROM executions WHERE execution_id = 'r-delayed'")
+    assert datetime.fromisoformat(delayed["until"]) == admitted_at + timedelta(hours=1)
 
     # The parent waiting for its child is not "waiting for a free worker".
     assert (await get_record(api, "r-parent"))["blockedBy"] == {
@@ -257,8 +267,9 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
     lives = (None, set(), {"wf"})
     rows = [
         {"status": s, "lease_expired": x, "redeliver_after": times[ra], "due_at": times[d],
-         "waiting_on": w, "workflow_id": "wf", "read_at": now}
-        for s, x, ra, d, w in itertools.product(statuses, (None, False, True), times, times, waits)
+         "waiting_on": w, "workflow_id": "wf", "read_at": now, "token": t}
+        for s, x, ra, d, w, t in itertools.product(statuses, (None, False, True), times, times,
+                                                   waits, (0, 1))
     ]
     sql = reason_sql("r", "$2::text[]")
     counts: dict[str, int] = {}
@@ -269,7 +280,7 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
             FROM jsonb_to_recordset($1::jsonb) AS r(
                 status text, lease_expired boolean, redeliver_after timestamptz,
                 due_at timestamptz, waiting_on jsonb, workflow_id text, read_at timestamptz,
-                i int)
+                token bigint, i int)
             ORDER BY r.i
             """,
             json.loads(json.dumps([{**row, "i": i} for i, row in enumerate(rows)],
