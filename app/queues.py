@@ -27,6 +27,8 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 # Bounds that keep a typo from meaning "unlimited" in practice or overflowing.
 MAX_LIMIT = 1_000_000
 MAX_RATE_PERIOD = 86_400.0 * 31
+# The database keeps microseconds: a shorter period would round to none.
+MIN_RATE_PERIOD = 0.001
 
 SETTINGS = ("concurrency", "per_key_concurrency", "rate_limit", "rate_period", "rate_per_key",
             "hold_while_suspended", "paused")
@@ -58,9 +60,10 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
                 "(to stop a queue, pause it)")
     period = settings.get("rate_period")
     if period is not None and (isinstance(period, bool) or not isinstance(period, (int, float))
-                               or not 0 < period <= MAX_RATE_PERIOD):
+                               or not MIN_RATE_PERIOD <= period <= MAX_RATE_PERIOD):
         raise QueueSettingsError(
-            f"rate_period must be a number of seconds above 0 and at most {MAX_RATE_PERIOD:g}")
+            f"rate_period must be a number of seconds from {MIN_RATE_PERIOD:g} to "
+            f"{MAX_RATE_PERIOD:g}")
     if "rate_limit" in settings or "rate_period" in settings:
         if (settings.get("rate_limit") is None) != (settings.get("rate_period") is None):
             raise QueueSettingsError("rate_limit and rate_period go together: give both, "

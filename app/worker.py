@@ -373,7 +373,11 @@ class Worker:
                 steps = await self._prefetch_steps(deliveries)
                 for delivery in deliveries:
                     self._start(delivery, steps.get(delivery.lease.execution_id))
-                self._maybe_more_due = len(deliveries) == free
+                # A full batch may have left more due; so may a batch a limit
+                # trimmed (a key's backlog fills a claim's scan, and the keys
+                # behind it are reached by the next claim, at once).
+                self._maybe_more_due = (len(deliveries) == free
+                                        or any(d.slot_limited for d in deliveries))
                 if self._maybe_more_due:
                     continue
             await self._sleep(self.settings.poll_seconds)

@@ -125,7 +125,7 @@ class Leases(StoreObject):
                 SELECT e.execution_id, 'expired'::text AS how, e.lease_owner AS old_owner,
                        e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
                        e.priority, e.lease_expires_at AS since, e.status AS was, e.token
-                FROM executions e
+                FROM executions e JOIN open_queues q ON q.queue = e.queue
                 WHERE e.status = 'running' AND e.lease_expires_at <= now()
                   AND e.lease_expires_at
                       + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
@@ -135,7 +135,13 @@ class Leases(StoreObject):
                   -- that would reach the poison threshold.
                   AND e.cancel_requested_at IS NULL AND (e.deadline IS NULL OR e.deadline > now())
                   AND e.unacknowledged_deliveries + 1 < $7
-                  AND e.queue IN (SELECT queue FROM open_queues)
+                  -- A takeover takes a slot: skip full queues and keys, so
+                  -- that they do not crowd out takeovers elsewhere.
+                  AND (q.run_free IS NULL OR q.run_free > 0)
+                  AND (e.concurrency_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM lim k
+                      WHERE k.is_key AND k.queue = e.queue
+                        AND k.concurrency_key = e.concurrency_key AND k.run_free = 0))
                 ORDER BY e.lease_expires_at
                 LIMIT $1
                 FOR UPDATE OF e SKIP LOCKED
@@ -179,14 +185,18 @@ class Leases(StoreObject):
                   AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
             ), picked AS (
                 SELECT execution_id, how, old_owner, old_expiry, queue, concurrency_key, starts,
-                       run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited
+                       run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited,
+                       start_free IS NOT NULL OR key_start_free IS NOT NULL AS start_limited
                 FROM within_queue ORDER BY priority, since LIMIT $1
             ), started AS (
-                -- Rate-limited queues count their starts from these rows.
-                INSERT INTO queue_starts (queue, concurrency_key)
-                SELECT p.queue, p.concurrency_key FROM picked p
-                JOIN queue_settings s ON s.name = p.queue
-                WHERE p.starts AND s.rate_limit IS NOT NULL
+                -- Rate-limited queues count their starts from these rows:
+                -- rate-limited as the counting saw it after the lock (this
+                -- statement's own snapshot may predate a change), stamped
+                -- with the time of the start itself, not of the claim's
+                -- transaction start (which precedes any wait for the lock).
+                INSERT INTO queue_starts (queue, concurrency_key, started_at)
+                SELECT p.queue, p.concurrency_key, clock_timestamp() FROM picked p
+                WHERE p.starts AND p.start_limited
             ), graces AS (
                 SELECT * FROM unnest($6::text[], $8::float8[]) AS g(workflow_id, seconds)
             ), claimed AS (

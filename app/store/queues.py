@@ -25,23 +25,30 @@ class Queues(StoreObject):
         if not declared:
             return
         names = sorted(declared)
-        await self.db.execute(
-            """
-            WITH d AS (
-                SELECT name, settings FROM unnest($1::text[], $2::jsonb[]) AS d(name, settings)
-            ), up AS (
-                INSERT INTO queues AS q (name, declared)
-                SELECT name, settings FROM d
-                ON CONFLICT (name) DO UPDATE SET declared = excluded.declared, updated_at = now()
-                WHERE q.declared IS DISTINCT FROM excluded.declared
-                RETURNING q.name, q.declared
+
+        async def run(db: Any) -> None:
+            # Each queue's lock, in name order (as claims take them), so no
+            # claim counts under settings it did not read.
+            for name in names:
+                await db.execute(_LOCK_QUEUE, name)
+            await db.execute(
+                """
+                WITH d AS (
+                    SELECT name, settings FROM unnest($1::text[], $2::jsonb[]) AS d(name, settings)
+                ), up AS (
+                    INSERT INTO queues AS q (name, declared)
+                    SELECT name, settings FROM d
+                    ON CONFLICT (name) DO UPDATE SET declared = excluded.declared, updated_at = now()
+                    WHERE q.declared IS DISTINCT FROM excluded.declared
+                    RETURNING q.name, q.declared
+                )
+                INSERT INTO queue_changes (queue, actor, change)
+                SELECT name, 'code', jsonb_build_object('declared', declared) FROM up
+                """,
+                names,
+                [declared[n] for n in names],
             )
-            INSERT INTO queue_changes (queue, actor, change)
-            SELECT name, 'code', jsonb_build_object('declared', declared) FROM up
-            """,
-            names,
-            [declared[n] for n in names],
-        )
+        await self.db.run_in_transaction(run)
 
     async def change(self, name: str, settings: dict[str, Any], *, actor: str | None,
                      reset: list[str] | None = None) -> QueueSettings:

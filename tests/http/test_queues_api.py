@@ -136,6 +136,7 @@ async def test_an_unknown_queue_is_not_found(qa, path, method) -> None:
     [], "x", None, {"concurrency": 0}, {"concurrency": 1_000_001}, {"concurrency": 1.5},
     {"concurrency": True}, {"concurrency": "3"}, {"perKeyConcurrency": -1},
     {"rateLimit": {"limit": 5}}, {"rateLimit": {"limit": 5, "periodSeconds": 0}},
+    {"rateLimit": {"limit": 5, "periodSeconds": 1e-7}},
     {"rateLimit": {"limit": 5, "periodSeconds": 86400 * 32}},
     {"rateLimit": {"limit": 5, "periodSeconds": "60"}},
     {"rateLimit": {"limit": 5, "periodSeconds": 1, "perKey": 1}},

@@ -105,3 +105,52 @@ async def test_a_claim_with_nothing_due_in_a_limited_queue_does_not_wait_for_its
         await asyncio.sleep(0.5)
         assert not waiting.done()
     assert [d.lease.execution_id for d in await asyncio.wait_for(waiting, 5)] == ["b1"]
+
+
+async def test_a_rate_limit_set_while_a_claim_waits_counts_that_claims_starts(wide_pool):
+    """The claim records its starts by what its counting (after the lock)
+    saw, not by the settings its own snapshot read before the lock: a rate
+    limit committed while the claim waited is never exceeded."""
+    store = ExecutionStore(wide_pool)
+    await store.queues.change("api", {"concurrency": 100}, actor="test")
+    for i in range(10):
+        await admit(store, "wf", f"a{i}", queue="api")
+    async with wide_pool.acquire() as holder:
+        tx = holder.transaction()
+        await tx.start()
+        # What PUT /v1/queues/api does: the queue's lock, then the change.
+        await holder.execute("SELECT pg_advisory_xact_lock(1179665745, hashtext('api'))")
+        await holder.execute(
+            "UPDATE queues SET override = override || "
+            "'{\"rate_limit\": 5, \"rate_period\": 3600}'::jsonb WHERE name = 'api'")
+        waiting = asyncio.create_task(store.leases.claim_due(10, 30.0, "w1"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await tx.commit()
+    first = await asyncio.wait_for(waiting, 5)
+    second = await store.leases.claim_due(10, 30.0, "w2")
+
+    assert (len(first), len(second)) == (5, 0)
+    assert await wide_pool.fetchval("SELECT count(*) FROM queue_starts WHERE queue = 'api'") == 5
+
+
+async def test_expired_leases_of_a_full_queue_do_not_crowd_out_takeovers_elsewhere(wide_pool):
+    store = ExecutionStore(wide_pool)
+    await store.queues.change("full", {"concurrency": 10}, actor="test")
+    for i in range(6):
+        await admit(store, "wf", f"f{i}", queue="full")
+    assert len(await store.leases.claim_due(10, 30.0, "w1")) == 6
+    await admit(store, "wf", "other")
+    assert len(await store.leases.claim_due(10, 30.0, "w1")) == 1
+    # Five of the full queue's leases expired long ago, f5 holds its one slot;
+    # the other queue's lease expired later.
+    await wide_pool.execute(
+        "UPDATE executions SET lease_expires_at = now() - interval '2 hours' "
+        "WHERE execution_id IN ('f0', 'f1', 'f2', 'f3', 'f4')")
+    await wide_pool.execute("UPDATE executions SET lease_expires_at = now() - interval '1 hour' "
+                            "WHERE execution_id = 'other'")
+    await store.queues.change("full", {"concurrency": 1}, actor="test")
+
+    taken = await store.leases.claim_due(5, 30.0, "w2")
+
+    assert [d.lease.execution_id for d in taken] == ["other"]

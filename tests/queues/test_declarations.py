@@ -46,7 +46,8 @@ def test_one_queue_name_with_two_different_declarations_fails_at_import():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"concurrency": 0}, "concurrency must be an integer from 1"),
     ({"per_key_concurrency": True}, "per_key_concurrency must be an integer"),
-    ({"rate_limit": (10, 0)}, "rate_period must be a number of seconds above 0"),
+    ({"rate_limit": (10, 0)}, "rate_period must be a number of seconds from 0.001"),
+    ({"rate_limit": (10, 1e-7)}, "rate_period must be a number of seconds from 0.001"),
     ({"rate_limit": 10}, "must be (starts, period_seconds)"),
 ])
 def test_bad_queue_settings_fail_where_they_are_declared(kwargs, message):

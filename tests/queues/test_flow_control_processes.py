@@ -143,6 +143,29 @@ async def test_per_key_1_never_runs_one_key_twice_and_runs_keys_in_parallel(
     assert across > 1, across
 
 
+async def test_a_backlog_admitted_key_by_key_starts_every_key_at_once(flows: Harness) -> None:
+    """Per-key 1, 20 keys of 5 executions admitted key after key: the first
+    claim reaches only the first keys (their backlogs fill its scan), but
+    the worker claims again at once rather than at its next poll, so every
+    key starts within moments, not one key per poll interval."""
+    h = flows
+    ids = [f"burst-{k:02d}-{j}" for k in range(20) for j in range(5)]
+    keys = {eid: f"customer-{eid[6:8]}" for eid in ids}
+    await admit_all(h, "flow-keyed", "keyed", ids, params={"seconds": 2.0}, keys=keys)
+    # The default poll interval: what a claim left behind waits for, unless
+    # the worker claims again at once.
+    await start_workers(h, ["A"], concurrency=32,
+                        settings={**STEADY, "FENCEPOST_POLL_SECONDS": "1"})
+
+    await completed(h, ids, timeout=120)
+
+    recorded = await spans(h, ids)
+    first = min(s["start"] for s in recorded.values())
+    early = {keys[eid] for eid, s in recorded.items() if s["start"] < first + 1.5}
+    print(f"burst: {len(early)} of 20 keys started within 1.5 s of the first")
+    assert len(early) == 20, sorted(early)
+
+
 @pytest.mark.timeout(180)
 async def test_rate_limit_10_per_second_spreads_100_starts_over_about_10_seconds(
         flows: Harness) -> None:

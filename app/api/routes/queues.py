@@ -30,7 +30,7 @@ from app.api.deps import SettingsDep, StoreDep
 from app.api.models import JSON_INTEGER
 from app.commands import queues as commands
 from app.commands.errors import CommandError, invalid
-from app.queues import MAX_LIMIT, MAX_RATE_PERIOD
+from app.queues import MAX_LIMIT, MAX_RATE_PERIOD, MIN_RATE_PERIOD
 from app.store.records import QueueCounts, QueueSettings
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"], responses=AUTH_ERRORS)
@@ -73,7 +73,7 @@ class RateLimit(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, extra="forbid")
 
     limit: Limit = Field(description="Most starts (first claims) per period.")
-    period_seconds: float = Field(gt=0, le=MAX_RATE_PERIOD, strict=True,
+    period_seconds: float = Field(ge=MIN_RATE_PERIOD, le=MAX_RATE_PERIOD, strict=True,
                                   description="The period, in seconds.")
     per_key: StrictBool = Field(False, description="Count starts per concurrency key, not "
                                 "per queue.")
