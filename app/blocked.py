@@ -13,8 +13,8 @@ will leave it). One answer per record, the first rule of RULES that holds:
 | `waiting-for-signal` | waits for signal NAME (until T, if it has a timeout) | send the signal |
 | `delayed-start` | admitted with a later start (`startAt` / `delaySeconds`), first due at T | wait, or wake it now |
 | `sleeping` | a durable timer, due at T | wait, or wake it now |
-| `queue-paused` | due, but its queue is paused (queue) | resume the queue |
-| `concurrency-limit` | due, but its queue's concurrency limit, or its key's per-key limit, is full (queue, key, running, limit) | wait for a slot, or raise the limit |
+| `queue-paused` | due (or its lease expired), but its queue is paused (queue) | resume the queue |
+| `concurrency-limit` | due (or its lease expired), but its queue's concurrency limit, or its key's per-key limit, is full (queue, key, running, limit) | wait for a slot, or raise the limit |
 | `rate-limited` | a first start, but its queue's (or key's) starts within the rate period are spent (queue, key, until) | wait until T, or raise the rate limit |
 | `no-worker` | due, but no live worker runs this workflow | start a worker with this workflow |
 | `due` | due, waiting for a free worker | add workers or concurrency if it lasts |
@@ -353,6 +353,9 @@ RULES: tuple[tuple[str, Condition], ...] = (
     (NONE, StatusIn(tuple(TERMINAL_STATUSES))),
     ("parked", StatusIn(("parked",))),
     ("leased", StatusIn(("running",))),
+    # An expired lease is taken over only where its queue has room.
+    ("queue-paused", All((Flag("lease_expired"), QueuePaused()))),
+    ("concurrency-limit", All((Flag("lease_expired"), AnyOf((QueueFull(), KeyFull()))))),
     ("lease-expired", Flag("lease_expired")),
     ("redelivery-delay", Later("redeliver_after")),
     ("waiting-for-child", All((NotDue(), WaitsOn("child")))),
@@ -366,7 +369,7 @@ RULES: tuple[tuple[str, Condition], ...] = (
     ("no-worker", NoLiveWorker()),
     ("due", Always()),
 )
-REASONS: tuple[str, ...] = tuple(reason for reason, _ in RULES)
+REASONS: tuple[str, ...] = tuple(dict.fromkeys(reason for reason, _ in RULES))
 # Due, but its queue holds it back (the claim would not take it now).
 QUEUE_REASONS: tuple[str, ...] = ("queue-paused", "concurrency-limit", "rate-limited")
 

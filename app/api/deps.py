@@ -31,9 +31,11 @@ async def live_workflows(store: ExecutionStore, settings: Settings,
     """Workflows some live worker runs (one that has heartbeated within three
     renewal intervals; workers heartbeat at every renewal), as a Live that
     also knows what each queue and key holds now; read only when a row is
-    due: that is the one case in which blockedBy tells `due` from
+    due or its lease expired: the cases in which blockedBy tells `due` from
     `no-worker` and from what its queue holds back (queue-paused,
-    concurrency-limit, rate-limited)."""
-    if not any((blocked_by(r, None) or {}).get("reason") == "due" for r in rows):
+    concurrency-limit, rate-limited), and a takeover from a queue that has
+    no room for it."""
+    if not any((blocked_by(r, None) or {}).get("reason") in ("due", "lease-expired")
+               for r in rows):
         return None
     return await store.history.live_workflow_ids(3 * settings.renew_seconds + 1)

@@ -250,3 +250,29 @@ async def test_what_queues_hold_is_read_through_their_indexes(pool: asyncpg.Pool
                                         "Bitmap Heap Scan"}, (relation, scans)
         indexes = {s[2] for s in scans if s[2] is not None}
         assert "ix_queue_starts_queue" in indexes, (relation, scans)
+
+
+async def test_an_expired_lease_its_queue_holds_back_says_so(
+        store: ExecutionStore, api: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    """The claim takes over an expired lease only where its queue has room:
+    in a paused queue, or a full one, the expired execution reads what holds
+    it back, not `lease-expired` (which promises a takeover)."""
+    await live_worker(store)
+    await settings(store, "held", concurrency=2)
+    await settings(store, "stopped", concurrency=2)
+    for eid, queue in (("x1", "held"), ("x2", "held"), ("y1", "stopped")):
+        await admit(store, WF, eid, queue=queue)
+    assert sorted(await claim(store)) == ["x1", "x2", "y1"]
+    await expire_lease(pool, "x1")
+    await expire_lease(pool, "y1")
+    await settings(store, "held", concurrency=1)  # x2's live lease fills it
+    await settings(store, "stopped", paused=True)
+
+    assert await reasons(api, "x1", "y1") == {"x1": "concurrency-limit", "y1": "queue-paused"}
+    assert await blocked(api, "x1") == {"reason": "concurrency-limit", "queue": "held",
+                                        "running": 1, "limit": 1}
+    assert await claim(store) == {}  # as the claim agrees
+
+    await settings(store, "held", concurrency=2)
+    assert await reasons(api, "x1") == {"x1": "lease-expired"}
+    assert list(await claim(store)) == ["x1"]
