@@ -11,10 +11,10 @@ from typing import Any
 from app.store.handle import StoreObject
 from app.store.records import QueueChangeRecord, QueueCounts, QueueSettings, record, records
 
-# The lock a claim takes on each queue (fencepost_claim_limits, revision
-# 0008): a change of settings takes it exclusively, so it waits for the
-# claims in flight and every later claim reads the new settings.
-_LOCK_QUEUE = "SELECT pg_advisory_xact_lock(1179665745, hashtext($1))"
+# The lock on the queues' settings (fencepost_claim_limits, revision 0008):
+# every claim holds it shared; a change of settings takes it exclusively, so
+# it waits for the claims in flight and every later claim reads the change.
+_LOCK_SETTINGS = "SELECT pg_advisory_xact_lock(1179665746, 0)"
 
 
 class Queues(StoreObject):
@@ -27,10 +27,7 @@ class Queues(StoreObject):
         names = sorted(declared)
 
         async def run(db: Any) -> None:
-            # Each queue's lock, in name order (as claims take them), so no
-            # claim counts under settings it did not read.
-            for name in names:
-                await db.execute(_LOCK_QUEUE, name)
+            await db.execute(_LOCK_SETTINGS)
             await db.execute(
                 """
                 WITH d AS (
@@ -57,7 +54,7 @@ class Queues(StoreObject):
         in `reset` (the declared one applies again). Recorded as a change.
         Returns the queue's settings after the change."""
         async def run(db: Any) -> QueueSettings:
-            await db.execute(_LOCK_QUEUE, name)
+            await db.execute(_LOCK_SETTINGS)
             row = await db.fetchrow(
                 """
                 WITH up AS (

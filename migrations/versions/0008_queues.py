@@ -58,32 +58,29 @@ LANGUAGE plpgsql VOLATILE ROWS 4 AS $$
 DECLARE
     q record;
     exclusive text[] := '{}';
-    shared text[] := '{}';
 BEGIN
+    -- The queues' settings, shared: a change of them (PUT /v1/queues, a
+    -- deploy's declaration) takes this lock exclusively, so it waits for the
+    -- claims in flight, and every statement below reads the settings as the
+    -- last change before this claim left them.
+    PERFORM pg_advisory_xact_lock_shared(1179665746, 0);
     -- A limited queue is locked exclusively, so its claims count and take
-    -- slots one at a time; an unlimited one shared, so a change of its
-    -- settings (which locks exclusively) waits for the claims in flight.
-    -- Name order: two claimers never wait for each other in a cycle.
-    -- A limited queue in which this claimer (running `workflow_ids`; NULL:
-    -- any) has nothing due is not locked at all: it is closed for this claim,
-    -- and claimers of other work never wait for it.
-    FOR q IN SELECT s.name, s.limited FROM queue_settings s ORDER BY s.name LOOP
-        IF q.limited THEN
-            IF EXISTS (SELECT 1 FROM executions e
-                       WHERE e.queue = q.name AND e.status IN ('admitted', 'suspended')
-                         AND e.due_at <= now()
-                         AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
-               OR EXISTS (SELECT 1 FROM executions e
-                          WHERE e.status = 'running' AND e.lease_expires_at <= now()
-                            AND e.queue = q.name
-                            AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
-            THEN
-                PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));
-                exclusive := exclusive || q.name;
-            END IF;
-        ELSE
-            PERFORM pg_advisory_xact_lock_shared(1179665745, hashtext(q.name));
-            shared := shared || q.name;
+    -- slots one at a time; in name order, so two claimers never wait for
+    -- each other in a cycle. Only those in which this claimer (running
+    -- `workflow_ids`; NULL: any) has due or expired work: the others are
+    -- closed for this claim, and claimers of other work never wait for them.
+    FOR q IN SELECT s.name FROM queue_settings s WHERE s.limited ORDER BY s.name LOOP
+        IF EXISTS (SELECT 1 FROM executions e
+                   WHERE e.queue = q.name AND e.status IN ('admitted', 'suspended')
+                     AND e.due_at <= now()
+                     AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
+           OR EXISTS (SELECT 1 FROM executions e
+                      WHERE e.status = 'running' AND e.lease_expires_at <= now()
+                        AND e.queue = q.name
+                        AND (workflow_ids IS NULL OR e.workflow_id = ANY(workflow_ids)))
+        THEN
+            PERFORM pg_advisory_xact_lock(1179665745, hashtext(q.name));
+            exclusive := exclusive || q.name;
         END IF;
     END LOOP;
     -- Starts older than the period no longer limit anything.
@@ -94,13 +91,12 @@ BEGIN
                OR st.started_at <= now() - make_interval(secs => s.rate_period));
     END IF;
     -- From here on each statement sees every claim committed before the
-    -- locks were granted. A queue is closed for this claim unless it is
-    -- locked as its settings now require: one that became limited after it
-    -- was locked shared, or that appeared after the locks were taken, waits
-    -- for the next claim.
+    -- locks were granted. A limited queue not locked here is closed for
+    -- this claim; an unlimited one (a queue that appeared since included:
+    -- it is unlimited until a change, which waits for this claim) is open.
     RETURN QUERY
     SELECT s.name, NULL::text, false,
-           s.paused OR NOT (s.name = ANY(exclusive) OR (s.name = ANY(shared) AND NOT s.limited)),
+           s.paused OR (s.limited AND NOT s.name = ANY(exclusive)),
            CASE WHEN s.concurrency IS NULL THEN NULL
                 ELSE greatest(s.concurrency - (
                     SELECT count(*) FROM executions e

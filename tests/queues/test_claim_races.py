@@ -118,8 +118,8 @@ async def test_a_rate_limit_set_while_a_claim_waits_counts_that_claims_starts(wi
     async with wide_pool.acquire() as holder:
         tx = holder.transaction()
         await tx.start()
-        # What PUT /v1/queues/api does: the queue's lock, then the change.
-        await holder.execute("SELECT pg_advisory_xact_lock(1179665745, hashtext('api'))")
+        # What PUT /v1/queues/api does: the settings lock, then the change.
+        await holder.execute("SELECT pg_advisory_xact_lock(1179665746, 0)")
         await holder.execute(
             "UPDATE queues SET override = override || "
             "'{\"rate_limit\": 5, \"rate_period\": 3600}'::jsonb WHERE name = 'api'")
@@ -154,3 +154,24 @@ async def test_expired_leases_of_a_full_queue_do_not_crowd_out_takeovers_elsewhe
     taken = await store.leases.claim_due(5, 30.0, "w2")
 
     assert [d.lease.execution_id for d in taken] == ["other"]
+
+
+async def test_a_claim_locks_settings_once_and_only_the_limited_queues_it_may_take_from(
+        wide_pool):
+    """However many queues exist, a claim holds one shared lock on the
+    queues' settings (a change takes it exclusively) and one lock per
+    limited queue it may take work from: never one per queue."""
+    store = ExecutionStore(wide_pool)
+    for i in range(50):
+        await admit(store, "wf", f"u{i}", queue=f"unlimited-{i:02d}")
+    await store.queues.change("limited", {"concurrency": 5}, actor="test")
+    await admit(store, "wf", "l1", queue="limited")
+    await store.queues.change("limited-idle", {"concurrency": 5}, actor="test")
+
+    async with store.transaction() as tx:
+        claimed = await tx.leases.claim_due(100, 30.0, "w1")
+        held = await tx.leases.db.fetch(
+            "SELECT classid, objid, mode FROM pg_locks "
+            "WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY mode")
+    assert len(claimed) == 51
+    assert [r["mode"] for r in held] == ["ExclusiveLock", "ShareLock"], held
