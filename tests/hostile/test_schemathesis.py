@@ -44,6 +44,7 @@ from schemathesis.checks import CHECKS as REGISTERED_CHECKS
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.drivers import CoverageGenerator
 from schemathesis.generation.feedback import FeedbackSources
 from schemathesis.generation.overrides import Override
@@ -334,8 +335,15 @@ def test_schemathesis_stateful(live: Live, monkeypatch: pytest.MonkeyPatch) -> N
     class Machine(base):  # type: ignore[misc, valid-type]
         def before_call(self, case) -> None:
             role = roles_for(case.operation.method.upper(), case.operation.path)[0]
-            if role is not None:
-                headers = case.headers if case.headers is not None else {}
+            headers = case.headers if case.headers is not None else {}
+            value = headers.get("Authorization")
+            # A negative case that dropped or mangled the Authorization header
+            # is sent as generated and must be refused, as in the stateless
+            # phase (authenticate); adding a token would make it valid.
+            mangled = (case.meta is not None
+                       and case.meta.is_negative_at(ParameterLocation.HEADER)
+                       and not (isinstance(value, str) and value.startswith("Bearer ")))
+            if role is not None and not mangled:
                 headers["Authorization"] = f"Bearer {live.tokens[role]}"
                 case.headers = headers
             bounded_wait(case)
