@@ -166,10 +166,9 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        "Resume the queue (Queues page) when it should run again.",
                        rec.get("due_at"), "due since", f"queue “{queue}” paused")
     if reason == "concurrency-limit":
-        queue, key = blocked.get("queue"), blocked.get("key")
+        key = blocked.get("key")
         limit, running = blocked.get("limit"), blocked.get("running")
-        whose = (f"key “{key}” of queue “{queue}”" if key is not None
-                 else f"queue “{queue}”")
+        whose = _whose(blocked)
         what = "per-key concurrency limit" if key is not None else "concurrency limit"
         return Blocked(reason, f"Due, but the {what} of {whose} is full "
                        f"({running} of {limit} running).",
@@ -179,9 +178,7 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        rec.get("due_at"), "due since",
                        f"concurrency limit: {whose} ({running}/{limit})")
     if reason == "rate-limited":
-        queue, key = blocked.get("queue"), blocked.get("key")
-        whose = (f"key “{key}” of queue “{queue}”" if key is not None
-                 else f"queue “{queue}”")
+        whose = _whose(blocked)
         return Blocked(reason, f"Due, but the rate limit of {whose} is spent.",
                        "Its first start waits until the oldest start counted in the rate "
                        "period leaves it.",
@@ -337,3 +334,9 @@ def activity_chart(rows: list[dict], *, width: int = 1080, height: int = 240) ->
     totals = {key: sum(p.values[key] for p in points) for key, _ in SERIES}
     return Chart(width, height, left, top, plot_w, plot_h, slot, y_ticks, x_ticks, lines,
                  points, totals, rows)
+
+
+def _whose(blocked: dict[str, Any]) -> str:
+    """The queue a queue reason names, or its key within the queue."""
+    queue, key = blocked.get("queue"), blocked.get("key")
+    return f"key “{key}” of queue “{queue}”" if key is not None else f"queue “{queue}”"
