@@ -189,6 +189,7 @@ class Scheduler:
                     timeout_seconds=definition.timeout_seconds,
                     queue=definition.queue.name,
                     concurrency_key=concurrency_key,
+                    code_version=definition.version,
                 )
                 if isinstance(answer, Admitted):
                     result.admitted.append(execution_id)

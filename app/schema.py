@@ -74,6 +74,8 @@ executions = Table(
     Column("ever_suspended", Boolean, nullable=False, server_default=text("false")),
     Column("parked_reason", Text, nullable=True),
     Column("parked_step", Text, nullable=True),
+    # What the park found: for `nondeterminism`, the first divergence.
+    Column("parked_detail", JSONB, nullable=True),
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
     Column("cancel_requested_by", Text, nullable=True),
     # What the latest suspended acknowledgement waits for: {"sleep": key} or
@@ -217,6 +219,9 @@ steps = Table(
     # The token of the holder whose write was accepted.
     Column("token", BigInteger, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Where in the code's order of asks it was asked for (replays compare);
+    # NULL: recorded before positions were, or asked from a concurrent branch.
+    Column("position", Integer, nullable=True),
     PrimaryKeyConstraint("execution_id", "step_key"),
     CheckConstraint("status IN ('completed', 'failed')", name="status_known"),
 )
@@ -300,6 +305,9 @@ workers = Table(
     Column("host", Text, nullable=False),
     Column("pid", Integer, nullable=False),
     Column("workflows", JSONB, nullable=False),
+    # {workflow: code version or null}: a claim takes a versioned execution
+    # only from a worker carrying its version.
+    Column("versions", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("concurrency", Integer, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=NOW),

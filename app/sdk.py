@@ -54,6 +54,7 @@ __all__ = [
     "StepFailed",
     "SignalTimeout",
     "ReplayError",
+    "Nondeterminism",
     "Cancelled",
     "DeadlineExceeded",
     "OutcomeUnknown",
@@ -127,6 +128,27 @@ class ReplayError(Exception):
     """The code and the recorded history disagree (a duplicate step key, a key
     recorded by a different function, a recorded step the code no longer
     reaches). The execution fails loudly rather than guess."""
+
+
+class Nondeterminism(BaseException):  # noqa: N818 - named for what happened
+    """The code no longer fits the execution's recorded history: at some
+    point it asks for a step other than the one recorded there (steps
+    inserted, removed or reordered), or under a key recorded by another
+    function, or returns before a recorded step. The execution is parked
+    (reason `nondeterminism`, `divergence` shown) rather than failed or run
+    down a new branch; deploy code that fits, or move it to a version that
+    does, and it resumes. A BaseException, and latched like Suspend: workflow
+    code cannot swallow it, and no later ctx call of this delivery runs."""
+
+    def __init__(self, divergence: dict[str, Any]):
+        self.divergence = divergence
+        super().__init__(divergence["message"])
+
+
+def divergence(position: int | None, recorded: str | None, asked: str | None,
+               message: str) -> dict[str, Any]:
+    """The first point where code and history disagree, as shown to operators."""
+    return {"position": position, "recorded": recorded, "asked": asked, "message": message}
 
 
 class Suspend(BaseException):
@@ -284,6 +306,22 @@ class WorkflowContext:
         self._lease = delivery.lease
         self._steps = dict(steps)
         self._used: set[str] = set()
+        # Replays compare the code's order of asks with the recorded one: the
+        # n-th ask of the workflow's own task must be the step recorded at
+        # position n. Asks from other tasks (a gather's branches) interleave
+        # by timing, not by code, so they are neither numbered nor compared
+        # by position (their count is the same in every run that gets past
+        # the join, so the positions after it still agree).
+        self._asks = 0
+        self._positions: dict[str, int | None] = {}
+        self._recorded_at: dict[int, str] = {
+            r.position: k for k, r in steps.items() if r.position is not None}
+        self._history = frozenset(steps)
+        self.diverged: dict[str, Any] | None = None
+        try:
+            self._task: asyncio.Task[Any] | None = asyncio.current_task()
+        except RuntimeError:
+            self._task = None
         self.execution_id: str = delivery.lease.execution_id
         self.workflow_id: str = definition.workflow_id
         self.params = params
@@ -332,6 +370,8 @@ class WorkflowContext:
         concurrent branch runs nothing on the way out)."""
         if self.stopped is not None:
             raise DeliveryStopped(self.stopped)
+        if self.diverged is not None:
+            raise Nondeterminism(self.diverged)
         if self.suspended_on is not None:
             raise Suspend("the delivery is suspending")
 
@@ -528,7 +568,8 @@ class WorkflowContext:
                     record = await self._fenced(
                         self._store.compose.transaction_step(self._lease, key, fn, args,
                                                      function_name=name, attempts=attempt,
-                                                     check_value=self._value_problem),
+                                                     check_value=self._value_problem,
+                                                     position=self._positions.get(key)),
                         key,
                     )
             except TransactionFailed as failed:
@@ -579,6 +620,9 @@ class WorkflowContext:
                 timeout_seconds=definition.timeout_seconds if definition is not None else None,
                 queue=definition.queue.name if definition is not None else DEFAULT_QUEUE,
                 concurrency_key=definition.key_of(child_params) if definition is not None else None,
+                # The child's own workflow's version in this code (None when
+                # this code does not carry it: then any worker may run it).
+                code_version=definition.version if definition is not None else None,
             ),
             key,
         )
@@ -671,12 +715,14 @@ class WorkflowContext:
         if recorded is None:
             self._gate()
             recorded = await self._fenced(
-                self._store.signals.consume_signal(self._lease, key, name, with_sender=with_sender), key)
+                self._store.signals.consume_signal(self._lease, key, name, with_sender=with_sender,
+                                                   position=self._positions.get(key)), key)
         if recorded is not None:
             self.notice(recorded.interrupt)
-            # The timeout timer, recorded by an earlier delivery, is settled too.
+            # The timeout timer, recorded by an earlier delivery, is settled
+            # too; taken here, at the position it was recorded at.
             if timer_key in self._steps:
-                self._used.add(timer_key)
+                self._take(timer_key, "sleep", generated=True)
             self._steps[key] = recorded
             return self._replay_signal(recorded, name, with_sender)
         wake_at = None
@@ -706,13 +752,90 @@ class WorkflowContext:
                 f"step key {key!r} is used twice in one run; give each step its own stable key"
             )
         self._used.add(key)
+        position = self._ask(key)
         recorded = self._steps.get(key)
         if recorded is not None and recorded.function_name not in (None, function_name):
-            raise ReplayError(
-                f"step {key!r} was recorded by {recorded.function_name!r} but the code now calls "
-                f"{function_name!r} under that key; the workflow code changed incompatibly"
-            )
+            self._diverge(divergence(
+                position, key, key,
+                f"step {key!r} was recorded by {recorded.function_name!r} but the code now "
+                f"calls {function_name!r} under that key"))
+        if position is None:
+            return recorded
+        there = self._recorded_at.get(position)
+        if there is not None and there != key:
+            self._diverge(divergence(
+                position, there, key,
+                f"at position {position} the history recorded step {there!r}, but the code "
+                f"now asks for {key!r} there (a step was inserted, removed or reordered)"))
+        if recorded is not None and recorded.position is not None \
+                and recorded.position != position:
+            self._diverge(divergence(
+                position, None, key,
+                f"step {key!r} was recorded at position {recorded.position}, but the code now "
+                f"reaches it at position {position} (steps before it were inserted, removed "
+                "or reordered)"))
         return recorded
+
+    def _ask(self, key: str) -> int | None:
+        """Number this ask in the code's order (None: from a concurrent branch)."""
+        if self._task is not None and asyncio.current_task() is not self._task:
+            self._positions[key] = None
+            return None
+        position = self._positions[key] = self._asks
+        self._asks += 1
+        return position
+
+    def _diverge(self, found: dict[str, Any]) -> NoReturn:
+        """Latch the first divergence and stop here: nothing new runs."""
+        if self.diverged is None:
+            self.diverged = found
+        raise Nondeterminism(self.diverged)
+
+    def divergence_at_end(self) -> dict[str, Any] | None:
+        """When the code has returned: the first recorded step it never asked
+        for (by recorded position), as a divergence; None when all were."""
+        unreached = self.unreached_steps()
+        if not unreached:
+            return None
+        first = min(unreached, key=lambda k: (self._steps[k].position is None,
+                                              self._steps[k].position or 0, k))
+        return divergence(
+            self._steps[first].position, first, None,
+            f"recorded steps {unreached} were not reached: the code returned without asking "
+            f"for {first!r} (a step was removed, or is now skipped)")
+
+    # ---------------------------------------------------------------- patches
+
+    async def patched(self, change_id: str) -> bool:
+        """Whether this execution takes the code path of patch `change_id`:
+        True for an execution reaching this point for the first time under
+        code that has the patch (the decision is recorded, so every replay
+        says True again), False for one whose recorded history went past this
+        point before the patch existed (it keeps the old path). Lifecycle:
+        `if await ctx.patched("x"): new() else: old()`; once no execution
+        without the decision is left, `ctx.deprecate_patch("x"); new()`; once
+        none with it is left, plain `new()`."""
+        self._live()
+        key = _patch_key(change_id)
+        if key in self._steps:
+            self._take(key, "patch", generated=True)
+            return True
+        if any(k not in self._used for k in self._history):
+            return False  # the history went past this point without the patch
+        self._take(key, "patch", generated=True)
+        self._gate()
+        self._settled(await self._record(key, "patch", 1, value=True))
+        return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """The patch's second stage: the code always takes the new path. An
+        execution that recorded the decision still replays (its marker is
+        taken here, so later steps keep their positions); nothing is recorded
+        for new ones."""
+        self._live()
+        key = _patch_key(change_id)
+        if key in self._steps:
+            self._take(key, "patch", generated=True)
 
     def unreached_steps(self) -> list[str]:
         """Recorded steps this run never reached (checked when the code returns)."""
@@ -833,6 +956,7 @@ class WorkflowContext:
                 self._store.steps.write_step(
                     self._lease, key, value=value, error=error,
                     function_name=function_name, attempts=attempts,
+                    position=self._positions.get(key),
                 ),
                 key,
                 value=value,
@@ -901,7 +1025,8 @@ class WorkflowContext:
             # A new timer is a wait: cleanup code may not start one.
             self._gate(wait=True)
             wake_at, now, interrupt = await self._fenced(
-                self._store.steps.record_timer(self._lease, key, delay_seconds=delay, until=until), key
+                self._store.steps.record_timer(self._lease, key, delay_seconds=delay, until=until,
+                                               position=self._positions.get(key)), key
             )
             self.notice(interrupt)
         if wake_at <= now:
@@ -910,6 +1035,13 @@ class WorkflowContext:
         # Unfenced: a stale holder's extra wake costs at most one extra delivery.
         await self._fenced(self._store.operator.request_wake(self.execution_id, wake_at), key)
         return wake_at
+
+
+def _patch_key(change_id: str) -> str:
+    """The step recording a patch decision; `#` keeps it apart from author keys."""
+    if not isinstance(change_id, str) or not ID_RE.match(change_id):
+        raise ValueError(f"patch {change_id!r}: use 1-200 characters from A-Z a-z 0-9 . _ : -")
+    return f"patch#{change_id}"
 
 
 # Serialization failures and deadlocks of a transactional step's own SQL are

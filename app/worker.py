@@ -44,6 +44,7 @@ from app.sdk import (
     Cancelled,
     DeadlineExceeded,
     DeliveryStopped,
+    Nondeterminism,
     Park,
     Retry,
     Suspend,
@@ -282,13 +283,15 @@ class Worker:
         processes under one ID would renew, and report, each other's work).
         A holder on this host whose process is gone is dead: its ID is free."""
         host, workflows = socket.gethostname(), sorted(self.workflows)
+        versions = {w: self.workflows[w].version for w in workflows}
         holder = await self._db.workers.register_worker(
             self.worker_id, host=host, pid=os.getpid(), workflows=workflows,
-            concurrency=self.concurrency, live_within_seconds=3 * self.settings.renew_seconds + 1)
+            concurrency=self.concurrency, live_within_seconds=3 * self.settings.renew_seconds + 1,
+            versions=versions)
         if holder is not None and holder["host"] == host and not _pid_alive(holder["pid"]):
             holder = await self._db.workers.register_worker(
                 self.worker_id, host=host, pid=os.getpid(), workflows=workflows,
-                concurrency=self.concurrency)
+                concurrency=self.concurrency, versions=versions)
         if holder is not None:
             raise ConfigurationError(
                 f"worker ID {self.worker_id!r} is already held by a live worker (host "
@@ -346,6 +349,8 @@ class Worker:
         # the rows it claims (the store bounds cleanup deliveries with it).
         cleanup_seconds = [grace if (grace := self.workflows[w].cancel_grace) is not None
                            else self.settings.cancel_grace_seconds for w in workflow_ids]
+        # The code version each carries: versioned executions route by it.
+        versions = [self.workflows[w].version for w in workflow_ids]
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             if 0 < free < self.concurrency:
@@ -360,7 +365,7 @@ class Worker:
                 try:
                     deliveries = await self._db.leases.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids,
-                        cleanup_seconds,
+                        cleanup_seconds, versions,
                     )
                     backoff.reset()
                 except Exception as exc:
@@ -509,6 +514,8 @@ class Worker:
                                error={"name": "DeadlineExceeded", "message": str(exc)})
         except Park as exc:
             await self._finish(lease, "park", step_key=exc.step_key)
+        except Nondeterminism as exc:
+            await self._finish(lease, "park", divergence=exc.divergence)
         except Retry as exc:
             await self._finish(lease, "retry", error=error_of(exc))
         except (DeliveryStopped, asyncio.CancelledError) as exc:
@@ -535,18 +542,16 @@ class Worker:
             # WorkflowContext._fenced); anything else is the workflow's error.
             await self._finish(lease, "failed", error=error_of(exc), tb=format_traceback(exc))
         else:
-            unreached = ctx.unreached_steps()
+            # Returned: a divergence the code swallowed, or a recorded step
+            # it never asked for, parks it like one raised.
+            diverged = ctx.diverged or ctx.divergence_at_end()
             problem = value_problem(result, self.settings.max_payload_bytes)
             if ctx.interrupt == "deadline":
                 # The code caught DeadlineExceeded and returned: still timed out.
                 await self._finish(lease, "timed_out", error={
                     "name": "DeadlineExceeded", "message": "the execution's deadline has passed"})
-            elif unreached:
-                await self._finish(lease, "failed", error={
-                    "name": "ReplayError",
-                    "message": f"recorded steps {unreached} were not reached by this run; "
-                               "the workflow code changed incompatibly",
-                })
+            elif diverged:
+                await self._finish(lease, "park", divergence=diverged)
             elif problem is not None:
                 fault, why = problem
                 await self._finish(lease, "failed", error={
@@ -585,7 +590,8 @@ class Worker:
 
     async def _finish(self, lease: Lease, kind: Ending, *, result: Any = None,
                       error: dict | None = None, tb: str | None = None,
-                      waiting_on: dict | None = None, step_key: str | None = None) -> None:
+                      waiting_on: dict | None = None, step_key: str | None = None,
+                      divergence: dict | None = None) -> None:
         """The final write of a delivery, shielded from cancellation; the
         drain waits for it rather than release the lease under it. A delivery
         latched stopped writes nothing, whatever its code did after learning
@@ -599,14 +605,15 @@ class Worker:
             self._stopped(lease, running.ctx.stopped)
             return
         write = asyncio.ensure_future(
-            self._write_outcome(lease, kind, result, error, tb, waiting_on, step_key)
+            self._write_outcome(lease, kind, result, error, tb, waiting_on, step_key, divergence)
         )
         if running is not None:
             running.finishing = write
         await asyncio.shield(write)
 
     async def _write_outcome(self, lease: Lease, kind: Ending, result: Any, error: dict | None,
-                             tb: str | None, waiting_on: dict | None, step_key: str | None) -> None:
+                             tb: str | None, waiting_on: dict | None, step_key: str | None,
+                             divergence: dict | None = None) -> None:
         METRICS.deliveries.labels(self._workflow_of(lease), kind).inc()
         try:
             if kind == "retry":
@@ -614,8 +621,15 @@ class Worker:
                 METRICS.unacknowledged_deliveries.inc()
                 self._ended(lease, "retry", error, settled)
                 return
+            if kind == "park" and divergence is not None:
+                status = await self._db.effects.park(
+                    lease, "nondeterminism", divergence.get("asked") or divergence.get("recorded"),
+                    divergence)
+                self._ended(lease, "park", {"name": "Nondeterminism",
+                                            "message": divergence["message"]}, status)
+                return
             if kind == "park":
-                # A park always names the step whose effect's outcome is unknown.
+                # Otherwise a park names the step whose effect's outcome is unknown.
                 assert step_key is not None
                 status = await self._db.effects.park_outcome_unknown(lease, step_key)
                 self._ended(lease, "park", {"name": "OutcomeUnknown",

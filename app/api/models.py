@@ -290,7 +290,9 @@ def summary(row: HealedExecution, live_workflows: set[str] | None = None) -> dic
             if row["forked_from"] is not None else None
         ),
         "parked": (
-            {"reason": row["parked_reason"], "step": row["parked_step"]}
+            {"reason": row["parked_reason"], "step": row["parked_step"],
+             # For `nondeterminism`: where code and history first disagree.
+             "divergence": row["parked_detail"]}
             if row["status"] == "parked" else None
         ),
         "queue": row["queue"],

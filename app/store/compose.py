@@ -82,6 +82,7 @@ class Compose(StoreObject):
         function_name: str,
         attempts: int,
         check_value: Callable[[Any], str | None],
+        position: int | None = None,
     ) -> StepRecord:
         """Run `fn(conn, *args)` inside the transaction that checks the token
         and records the step's receipt: both commit, or neither does.
@@ -101,7 +102,7 @@ class Compose(StoreObject):
         try:
             return await self._transaction_step(lease, step_key, fn, args,
                                                 function_name=function_name, attempts=attempts,
-                                                check_value=check_value)
+                                                check_value=check_value, position=position)
         except LeaseLost:
             # Recorded after the refused transaction rolled back.
             raise await rejected(self.db, lease, step_key) from None
@@ -116,6 +117,7 @@ class Compose(StoreObject):
         function_name: str,
         attempts: int,
         check_value: Callable[[Any], str | None],
+        position: int | None = None,
     ) -> StepRecord:
         # The user's code may change session state (SET, prepared
         # statements): a pool connection is reset before it goes back.
@@ -158,8 +160,8 @@ class Compose(StoreObject):
                         WITH ins AS (
                             INSERT INTO execution_steps
                                 (execution_id, step_key, status, value, function_name,
-                                 attempts, token)
-                            VALUES ($1, $3, 'completed', $4, $5, $6, $2)
+                                 attempts, token, position)
+                            VALUES ($1, $3, 'completed', $4, $5, $6, $2, $7)
                             RETURNING step_key, status, value, error, function_name,
                                       attempts, token, recorded_at
                         ), ev AS (
@@ -178,6 +180,7 @@ class Compose(StoreObject):
                         value,
                         function_name,
                         attempts,
+                        position,
                     )
                 except (ValueError, TypeError, asyncpg.DataError) as exc:
                     raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
@@ -202,6 +205,7 @@ class Compose(StoreObject):
         timeout_seconds: float | None = None,
         queue: str = "default",
         concurrency_key: str | None = None,
+        code_version: str | None = None,
     ) -> tuple[ChildAnswer, ChildExecution]:
         """Admit the child under `child_id`, linked to the parent's step, in
         the statement that checks the parent's fence: a stale holder (token no
@@ -235,11 +239,11 @@ class Compose(StoreObject):
                         INSERT INTO executions
                             (execution_id, workflow_id, params, context, status, due_at,
                              deadline, parent_execution_id, parent_step_key, queue,
-                             concurrency_key, priority)
+                             concurrency_key, priority, code_version)
                         -- A child is ordered in its queue like its parent.
                         SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted',
                                now(), now() + make_interval(secs => $6::float8), $1, $2, $8, $9,
-                               (SELECT priority FROM executions WHERE execution_id = $1)
+                               (SELECT priority FROM executions WHERE execution_id = $1), $10
                         FROM parent
                         WHERE NOT parent.cancelling
                           -- Seen already (a repeat): nothing to insert, nothing to wait for.
@@ -282,6 +286,7 @@ class Compose(StoreObject):
                     lease.token,
                     queue,
                     concurrency_key,
+                    code_version,
                 )
             except (ValueError, TypeError, asyncpg.DataError) as exc:
                 raise InvalidEvent(f"child params: {exc}") from exc

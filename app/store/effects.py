@@ -5,6 +5,7 @@ finds an attempt without a recorded result knows the outcome is in doubt."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from app.metrics import METRICS
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
@@ -109,8 +110,17 @@ class Effects(StoreObject):
     async def park_outcome_unknown(self, lease: Lease, step_key: str) -> str:
         """End the delivery by parking the execution: the effect's outcome is
         unknown and nobody may claim it until an operator resolves the step.
-        Fenced like an acknowledgement (it is one: the counter resets). A
-        pending cancel request or a passed deadline ends it instead, as an
+        Returns the status written (see `park`)."""
+        return await self.park(lease, "outcome_unknown", step_key)
+
+    async def park(self, lease: Lease, reason: str, step_key: str | None,
+                   detail: dict[str, Any] | None = None) -> str:
+        """End the delivery by parking the execution for `reason`
+        (`outcome_unknown`: the effect of `step_key` is in doubt;
+        `nondeterminism`: the code no longer fits its history, `detail` the
+        first divergence). Nobody claims it until an operator acts. Fenced
+        like an acknowledgement (it is one: the counter resets). A pending
+        cancel request or a passed deadline ends it instead, as an
         acknowledgement would. Returns the status written."""
         row = await self.db.fetchrow(
             f"""
@@ -123,10 +133,13 @@ class Effects(StoreObject):
                                    WHEN e.deadline <= now() THEN {TIMED_OUT_OUTCOME} END,
                     parked_reason = CASE WHEN e.cancel_requested_at IS NULL
                                           AND NOT coalesce(e.deadline <= now(), false)
-                                         THEN 'outcome_unknown' END,
+                                         THEN $4 END,
                     parked_step = CASE WHEN e.cancel_requested_at IS NULL
                                         AND NOT coalesce(e.deadline <= now(), false)
                                        THEN $3 END,
+                    parked_detail = CASE WHEN e.cancel_requested_at IS NULL
+                                          AND NOT coalesce(e.deadline <= now(), false)
+                                         THEN $5::jsonb END,
                     due_at = CASE WHEN e.cancel_requested_at IS NULL
                                    AND NOT coalesce(e.deadline <= now(), false)
                                   THEN least(e.due_at, e.covered_due_at) END,
@@ -139,12 +152,14 @@ class Effects(StoreObject):
             ), eff AS (
                 UPDATE effects SET status = 'outcome_unknown', updated_at = now()
                 WHERE execution_id = (SELECT execution_id FROM p) AND step_key = $3
+                  AND $4 = 'outcome_unknown'
             ), {WAKE_PARENTS.format(ended="p")}, ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, status, token,
                        CASE WHEN status = 'parked'
-                            THEN jsonb_build_object('reason', 'outcome_unknown',
-                                                    'stepKey', $3::text) END
+                            THEN jsonb_strip_nulls(jsonb_build_object(
+                                'reason', $4::text, 'stepKey', $3::text,
+                                'divergence', $5::jsonb)) END
                 FROM p
             )
             SELECT status, {ENDED_NOTICE.format(ended="p")},
@@ -154,9 +169,11 @@ class Effects(StoreObject):
             lease.execution_id,
             lease.token,
             step_key,
+            reason,
+            detail,
         )
         if row is None:
             raise await rejected(self.db, lease, step_key)
         status: str = row["status"]
-        METRICS.ended([status], park_reason="outcome_unknown")
+        METRICS.ended([status], park_reason=reason)
         return status

@@ -167,7 +167,7 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT execution_id, step_key, status, value, error, function_name, attempts,
-                   token, recorded_at
+                   token, recorded_at, position
             FROM execution_steps WHERE execution_id = ANY($1::text[])
             """,
             execution_ids,

@@ -41,10 +41,20 @@ _CLEANUP_DUE = """($3 = 'suspended'
     AND fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now())"""
 
 
+# What the claimer can run: the workflow ($6, NULL: any), and for an
+# execution admitted under a code version, that version of it ($9, parallel
+# to $6; NULL: any version). A claimer never takes an execution its code
+# version might replay differently.
+CARRIED = """($6::text[] IS NULL OR (e.workflow_id = ANY($6::text[])
+                 AND (e.code_version IS NULL OR $9::text[] IS NULL OR EXISTS (
+                     SELECT 1 FROM unnest($6::text[], $9::text[]) AS c(workflow_id, version)
+                     WHERE c.workflow_id = e.workflow_id AND c.version = e.code_version))))"""
+
+
 class Leases(StoreObject):
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
-        cleanup_seconds: list[float] | None = None,
+        cleanup_seconds: list[float] | None = None, versions: list[str | None] | None = None,
     ) -> list[Delivery]:
         """Lease at most `limit` due executions in one statement.
 
@@ -56,6 +66,10 @@ class Leases(StoreObject):
         limits the claim to workflows the caller can run (None: any);
         `cleanup_seconds` (parallel to it) is each one's cleanup window in the
         caller's code, written on the claimed rows (None: keep the stored one).
+        `versions` (parallel to it) is the code version the caller carries of
+        each: an execution admitted under a version is claimed only by a
+        caller carrying that version of its workflow (an unversioned one by
+        any caller carrying the workflow); None: any version.
 
         An execution whose cancel was requested or whose deadline passed is
         claimed only if it has run before (token > 0) and its cleanup window
@@ -97,7 +111,7 @@ class Leases(StoreObject):
                     WHERE e.queue = q.queue AND e.priority = l.priority
                       AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
                       AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
-                      AND ($6::text[] IS NULL OR e.workflow_id = ANY($6::text[]))
+                      AND {CARRIED}
                       -- Not interrupted, or a cleanup delivery within its window;
                       -- the other cancelled and timed-out ends are the sweep's.
                       AND ((e.cancel_requested_at IS NULL
@@ -130,7 +144,7 @@ class Leases(StoreObject):
                   AND e.lease_expires_at
                       + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
                       <= now()
-                  AND ($6::text[] IS NULL OR e.workflow_id = ANY($6::text[]))
+                  AND {CARRIED}
                   -- Left to the reaper: cancel, deadline, and the delivery
                   -- that would reach the poison threshold.
                   AND e.cancel_requested_at IS NULL AND (e.deadline IS NULL OR e.deadline > now())
@@ -257,6 +271,7 @@ class Leases(StoreObject):
             workflow_ids,
             self.config.max_unacknowledged,
             cleanup_seconds,
+            versions,
         )
         METRICS.claimed(cast("list[Mapping[str, Any]]", rows))  # rows read by key
         for r in rows:

@@ -65,6 +65,7 @@ class HealedExecution(TypedDict):
     outcome: dict[str, Any] | None
     parked_reason: str | None
     parked_step: str | None
+    parked_detail: dict[str, Any] | None
     unacknowledged_deliveries: int
     due_at: datetime | None
     last_unacknowledged_at: datetime | None

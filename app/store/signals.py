@@ -163,7 +163,8 @@ class Signals(StoreObject):
         return "not_found", None
 
     async def consume_signal(self, lease: Lease, step_key: str, name: str, *,
-                             with_sender: bool = False) -> StepRecord | None:
+                             with_sender: bool = False,
+                             position: int | None = None) -> StepRecord | None:
         """Take the oldest pending signal `name` into step `step_key`, fenced:
         the signal is marked consumed and the step recorded in one statement,
         or neither. The step's value is the payload or, `with_sender`,
@@ -194,7 +195,7 @@ class Signals(StoreObject):
                           pending.sender_name, pending.sender_role
             ), ins AS (
                 INSERT INTO execution_steps
-                    (execution_id, step_key, status, value, function_name, token)
+                    (execution_id, step_key, status, value, function_name, token, position)
                 SELECT $1, $3, 'completed',
                        CASE WHEN $5 THEN jsonb_build_object(
                            'payload', payload,
@@ -203,7 +204,7 @@ class Signals(StoreObject):
                                                   'name', sender_name,
                                                   'role', sender_role) END)
                        ELSE payload END,
-                       $6, $2 FROM taken
+                       $6, $2, $7 FROM taken
                 RETURNING step_key, status, value, error, function_name, attempts, token,
                           recorded_at
             ), ev AS (
@@ -223,6 +224,7 @@ class Signals(StoreObject):
             name,
             with_sender,
             signal_function_name(name, with_sender),
+            position,
         )
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:

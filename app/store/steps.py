@@ -80,6 +80,7 @@ class Steps(StoreObject):
         error: dict[str, Any] | None = None,
         function_name: str | None = None,
         attempts: int = 1,
+        position: int | None = None,
     ) -> StepRecord:
         """Record a step result under the lease, or return the one already
         recorded (idempotent for the current holder). Stale → LeaseLost.
@@ -101,8 +102,8 @@ class Steps(StoreObject):
                 ), ins AS (
                     INSERT INTO execution_steps
                         (execution_id, step_key, status, value, error, function_name,
-                         attempts, token)
-                    SELECT execution_id, $3, $4, $5, $6, $7, $8, $2 FROM fence
+                         attempts, token, position)
+                    SELECT execution_id, $3, $4, $5, $6, $7, $8, $2, $9 FROM fence
                     ON CONFLICT (execution_id, step_key) DO NOTHING
                     RETURNING step_key, status, value, error, function_name, attempts, token,
                               recorded_at
@@ -123,6 +124,7 @@ class Steps(StoreObject):
                 error,
                 function_name,
                 attempts,
+                position,
             )
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
@@ -197,6 +199,7 @@ class Steps(StoreObject):
         *,
         delay_seconds: float | None = None,
         until: datetime | None = None,
+        position: int | None = None,
     ) -> tuple[datetime, datetime, str | None]:
         """Record a durable timer as a fenced step whose value is the wake time,
         computed from the database clock (`now() + delay`) or given (`until`).
@@ -211,10 +214,10 @@ class Steps(StoreObject):
                 FOR SHARE
             ), ins AS (
                 INSERT INTO execution_steps
-                    (execution_id, step_key, status, value, function_name, token)
+                    (execution_id, step_key, status, value, function_name, token, position)
                 SELECT execution_id, $3, 'completed',
                        to_jsonb(coalesce($5::timestamptz, now() + make_interval(secs => $4))),
-                       'sleep', $2
+                       'sleep', $2, $6
                 FROM fence
                 ON CONFLICT (execution_id, step_key) DO NOTHING
                 RETURNING value
@@ -236,6 +239,7 @@ class Steps(StoreObject):
             step_key,
             float(delay_seconds or 0.0),
             until,
+            position,
         )
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:

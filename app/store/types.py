@@ -111,6 +111,9 @@ class StepRecord:
     attempts: int
     token: int
     recorded_at: datetime
+    # Where in the code's order of asks it was asked for (None: before
+    # positions were recorded, or from a concurrent branch).
+    position: int | None = None
     # Set on a fenced write's answer when the holder should stop at this step:
     # "cancel" (a cancel was requested) or "deadline" (the deadline passed).
     interrupt: str | None = None
@@ -216,6 +219,7 @@ def record_columns(threshold: int) -> str:
          WHEN 'timed_out' THEN NULL ELSE parked_reason END AS parked_reason,
     CASE {settled} WHEN 'parked' THEN NULL WHEN 'cancelled' THEN NULL
          WHEN 'timed_out' THEN NULL ELSE parked_step END AS parked_step,
+    CASE WHEN {settled} IS NULL THEN parked_detail END AS parked_detail,
     unacknowledged_deliveries + {_EXPIRED}::int AS unacknowledged_deliveries,
     CASE {settled} WHEN 'cancelled' THEN NULL WHEN 'timed_out' THEN NULL
          ELSE CASE WHEN {_EXPIRED} THEN least(due_at, covered_due_at) ELSE due_at END
@@ -256,5 +260,6 @@ def step_record(row: asyncpg.Record, interrupt: str | None = None) -> StepRecord
         attempts=row["attempts"],
         token=row["token"],
         recorded_at=row["recorded_at"],
+        position=row["position"] if "position" in row else None,
         interrupt=interrupt,
     )

@@ -11,19 +11,20 @@ from app.store.types import record_columns
 class Workers(StoreObject):
     async def register_worker(
         self, worker_id: str, *, host: str, pid: int, workflows: list[str], concurrency: int,
-        live_within_seconds: float | None = None,
+        live_within_seconds: float | None = None, versions: dict[str, str | None] | None = None,
     ) -> WorkerHolder | None:
-        """Register (or re-register) `worker_id`, starting now. With
+        """Register (or re-register) `worker_id`, starting now, carrying
+        `workflows` at `versions` ({workflow: code version or None}). With
         `live_within_seconds`, an ID another live worker holds (not stopped,
         heartbeat within that long, another host or pid) is not taken: its
         holder's row is returned, unchanged; None when registered."""
         registered = await self.db.fetchval(
             """
-            INSERT INTO workers (worker_id, host, pid, workflows, concurrency)
-            VALUES ($1, $2, $3, $4, $5)
+            INSERT INTO workers (worker_id, host, pid, workflows, concurrency, versions)
+            VALUES ($1, $2, $3, $4, $5, $7)
             ON CONFLICT (worker_id) DO UPDATE
             SET host = excluded.host, pid = excluded.pid, workflows = excluded.workflows,
-                concurrency = excluded.concurrency, started_at = now(), heartbeat_at = now(),
+                versions = excluded.versions, concurrency = excluded.concurrency, started_at = now(), heartbeat_at = now(),
                 stopped_at = NULL
             WHERE $6::float8 IS NULL OR workers.stopped_at IS NOT NULL
                OR workers.heartbeat_at <= now() - make_interval(secs => $6::float8)
@@ -36,6 +37,7 @@ class Workers(StoreObject):
             workflows,
             concurrency,
             live_within_seconds,
+            versions or {},
         )
         if registered:
             return None
