@@ -54,6 +54,7 @@ from app.store.bulk import Operations
 from app.store.clock import Clock
 from app.store.compose import ChildExecution, Compose, TransactionFailed
 from app.store.effects import EffectAttempt, Effects
+from app.store.exports import Exports
 from app.store.handle import ConnectionHandle, Handle, StoreConfig
 from app.store.history import History
 from app.store.leadership import MaintenanceLease, MaintenanceLeases
@@ -85,6 +86,7 @@ from app.store.types import (
     decode_cursor,
 )
 from app.store.ui import Dashboard
+from app.store.versions import Versions
 from app.store.workers import Workers
 
 __all__ = [
@@ -126,6 +128,8 @@ class StoreObjects:
         self.clock = Clock(db, config)
         self.maintenance = MaintenanceLeases(db, config)
         self.queues = Queues(db, config)
+        self.versions = Versions(db, config)
+        self.exports = Exports(db, config)
 
 
 class ExecutionStore(StoreObjects):
