@@ -58,7 +58,7 @@ WITH target AS (
         outcome = CASE {_END} WHEN 'cancelled' THEN {CANCELLED_OUTCOME}
                               WHEN 'timed_out' THEN {TIMED_OUT_OUTCOME} END,
         parked_reason = CASE WHEN {_END} = 'parked' THEN 'poison' END,
-        parked_step = NULL,
+        parked_step = NULL, parked_detail = NULL,
         -- A parked execution keeps its pending wakes for when it is resumed;
         -- a terminal one has none.
         due_at = CASE WHEN {_END} = 'parked' THEN e.due_at END,

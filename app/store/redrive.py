@@ -102,7 +102,8 @@ class Redrives(StoreObject):
                     deadline = coalesce($4::timestamptz,
                                         now() + make_interval(secs => $5::float8)),
                     cancel_requested_at = NULL, cancel_requested_by = NULL,
-                    parked_reason = NULL, parked_step = NULL, waiting_on = NULL,
+                    parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
+                    waiting_on = NULL,
                     unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
                     redrives = e.redrives + 1,
                     updated_at = now()
@@ -203,9 +204,10 @@ class Redrives(StoreObject):
                 RETURNING execution_id, status
             ), copied AS (
                 INSERT INTO execution_steps (execution_id, step_key, status, value, error,
-                                             function_name, attempts, token, recorded_at)
+                                             function_name, attempts, token, recorded_at,
+                                             position)
                 SELECT ins.execution_id, s.step_key, s.status, s.value, s.error,
-                       s.function_name, s.attempts, 0, s.recorded_at
+                       s.function_name, s.attempts, 0, s.recorded_at, s.position
                 FROM execution_steps s, cut, ins
                 WHERE s.execution_id = $1 AND s.recorded_at < cut.at
                 RETURNING step_key, recorded_at
