@@ -310,8 +310,8 @@ class WorkflowContext:
         # n-th ask of the workflow's own task must be the step recorded at
         # position n. Asks from other tasks (a gather's branches) interleave
         # by timing, not by code, so they are neither numbered nor compared
-        # by position (their count is the same in every run that gets past
-        # the join, so the positions after it still agree).
+        # by position, and the numbering of the workflow task's own asks does
+        # not depend on them.
         self._asks = 0
         self._positions: dict[str, int | None] = {}
         self._recorded_at: dict[int, str] = {
