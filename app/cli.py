@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from app import devserver, opscli, queuescli, serve, shared_settings, tokens_cli
+from app import devserver, opscli, queuescli, replaycli, serve, shared_settings, tokens_cli
 from app.settings import ConfigurationError, Settings, database_url_problem, env_name
 from app.version import VERSION
 
@@ -187,6 +187,8 @@ COMMANDS: dict[str, Command] = {
                 opscli.configure_operations, opscli.run),
         Command("queues", "flow control over the HTTP API: list, show, set, pause, resume",
                 queuescli.configure_queues, opscli.run),
+        Command("replay", "check workflow code against recorded histories before deploying it "
+                "(exit 1 on a divergence)", replaycli.configure, replaycli.run),
     ]
 }
 

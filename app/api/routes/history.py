@@ -155,6 +155,48 @@ async def steps(
     return {"steps": out, "nextCursor": next_cursor}
 
 
+class HistoryStep(BaseModel):
+    key: str
+    status: str
+    value: Any = None
+    error: dict[str, Any] | None = None
+    functionName: str | None = None  # noqa: N815 - wire name
+    attempts: int
+    position: int | None = Field(
+        None, description="Where in the code's order of asks it was asked for; null for a "
+        "step recorded before positions were, or asked from a concurrent branch.")
+    recordedAt: datetime  # noqa: N815 - wire name
+
+
+class HistoryDocument(BaseModel):
+    format: str = Field(description="`fencepost-history/1`; a reader refuses another format.")
+    executionId: str  # noqa: N815 - wire name
+    workflowId: str  # noqa: N815 - wire name
+    codeVersion: str | None  # noqa: N815 - wire name
+    status: str
+    params: Any = None
+    context: dict[str, Any] = Field(default_factory=dict)
+    steps: list[HistoryStep] = Field(
+        description="In the code's order of asks (position), then steps with no position "
+        "by when they were recorded.")
+
+
+@router.get("/v1/executions/{execution_id}/history", response_model=HistoryDocument,
+            summary="The recorded history the replay check runs code against "
+            "(`fencepost replay`): the record's params and context and every recorded "
+            "step, in the order the code asked for them",
+            responses={**NOT_FOUND, **UNKNOWN_QUERY}, dependencies=[STRICT_QUERY])
+async def history(execution_id: str, store: StoreDep, principal: Reader):
+    _check_path_id(execution_id)
+    document = await store.exports.export(execution_id, owner=owner_of(principal))
+    if document is None:
+        raise not_found(execution_id)
+    # A trigger token sees a recorded error's name and message only, as in /steps.
+    for step in document["steps"]:
+        step["error"] = error_for(principal, step["error"])
+    return document
+
+
 @router.get("/v1/executions/{execution_id}/late-observations",
             response_model=LateObservationList,
             summary="What stale holders observed after their lease was lost (evidence only)",
