@@ -1,0 +1,26 @@
+"""The workflows real in-process workers run to record the histories the
+replay tests check (IDs prefixed `rp-`); `rp-order` is variants.recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.sdk import WorkflowContext, workflow
+from tests.replay import variants
+from tests.replay.steps import wrap
+
+
+@workflow("rp-order")
+async def order(ctx: WorkflowContext, params: dict) -> Any:
+    return await variants.recorded(ctx, params)
+
+
+@workflow("rp-child")
+async def child(ctx: WorkflowContext, params: dict) -> Any:
+    return await ctx.step("wrap", wrap)
+
+
+@workflow("rp-short")
+async def short(ctx: WorkflowContext, params: dict) -> Any:
+    first = await ctx.step("first", wrap)
+    return [first, await ctx.step("second", wrap)]

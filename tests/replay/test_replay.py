@@ -1,0 +1,142 @@
+"""The replay check (app/replay.py) against histories real workers recorded:
+compatible changes pass; an inserted, a removed and a reordered step, and code
+that returns before recorded steps, each report the first divergence
+(position, recorded, asked) - and no step function, effect, transaction or
+child start runs while the code replays."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.replay import HistoryFormatError, replay
+from tests.replay import variants
+from tests.replay.conftest import WORKFLOWS, definition
+from tests.support.admission import admit
+from tests.support.waiting import wait_until
+
+RECORDED = ["reserve", "charge", "book", "kid", "kid-done", "nap"]
+
+
+async def test_the_export_holds_every_ask_in_order(recorded) -> None:
+    history = await recorded("o-1", n=3)
+    assert history["format"] == "fencepost-history/1"
+    assert (history["executionId"], history["workflowId"], history["status"]) == \
+        ("o-1", "rp-order", "suspended")
+    assert history["params"] == {"n": 3} and history["context"] == {}
+    assert [s["key"] for s in history["steps"]] == RECORDED
+    assert [s["position"] for s in history["steps"]] == list(range(6))
+    assert [s["functionName"] for s in history["steps"]] == [
+        "reserve", "charge", "book", "child:rp-child", "child-wait", "sleep"]
+    assert history["steps"][0]["value"] == 30 and history["steps"][0]["status"] == "completed"
+    assert all(s["recordedAt"] and s["attempts"] == 1 for s in history["steps"])
+
+
+async def test_the_same_code_replays_to_the_frontier(recorded, armed) -> None:
+    history = await recorded("o-1")
+    report = await replay(definition(variants.recorded), history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed, report.divergence) == \
+        (True, "frontier", 6, None)
+    assert report.to_json() == {"executionId": "o-1", "workflowId": "rp-order", "ok": True,
+                                "replayed": 6, "end": "frontier", "divergence": None}
+    assert armed == []
+
+
+@pytest.mark.parametrize("code", [variants.appended, variants.patched],
+                         ids=["step-appended", "patch-on-old-history"])
+async def test_a_compatible_change_passes(recorded, armed, code) -> None:
+    history = await recorded("o-1")
+    report = await replay(definition(code), history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed, report.divergence) == \
+        (True, "frontier", 6, None)
+    assert armed == []
+
+
+@pytest.mark.parametrize(("code", "position", "was", "asked"), [
+    (variants.inserted, 1, "charge", "fraud"),
+    (variants.removed, 2, "book", "kid"),
+    (variants.reordered, 1, "charge", "book"),
+], ids=["inserted", "removed", "reordered"])
+async def test_a_changed_order_reports_the_first_divergence(recorded, armed, code, position,
+                                                              was, asked) -> None:
+    history = await recorded("o-1")
+    report = await replay(definition(code), history, WORKFLOWS)
+    assert not report.ok
+    assert report.replayed == position
+    found = report.divergence
+    assert (found["position"], found["recorded"], found["asked"]) == (position, was, asked)
+    assert f"at position {position} the history recorded step {was!r}" in found["message"]
+    assert armed == []
+
+
+async def test_a_recorded_step_no_longer_reached_is_a_divergence(recorded, armed) -> None:
+    history = await recorded("o-1")
+    report = await replay(definition(variants.returns_early), history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed) == (False, "returned", 3)
+    found = report.divergence
+    assert (found["position"], found["recorded"], found["asked"]) == (3, "kid", None)
+    assert "['kid', 'kid-done', 'nap'] were not reached" in found["message"]
+    assert armed == []
+
+
+async def test_a_swallowed_divergence_still_stands(recorded, armed) -> None:
+    history = await recorded("o-1")
+    report = await replay(definition(variants.swallows), history, WORKFLOWS)
+    assert not report.ok and report.end == "returned"
+    assert (report.divergence["position"], report.divergence["asked"]) == (1, "fraud")
+    assert armed == []
+
+
+async def test_patched_code_replays_its_own_decision_and_old_code_does_not_fit(
+        recorded, armed) -> None:
+    # Recorded under the patched code: the decision (patch#fraud-check) and
+    # the fraud step are in the history.
+    history = await recorded("o-new", code=variants.patched)
+    keys = [s["key"] for s in history["steps"]]
+    assert keys[:3] == ["reserve", "patch#fraud-check", "fraud"], keys
+    report = await replay(definition(variants.patched), history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed) == (True, "frontier", 8)
+    # Rolling the patch back does not fit this history.
+    report = await replay(definition(variants.recorded), history, WORKFLOWS)
+    assert not report.ok
+    assert (report.divergence["position"], report.divergence["recorded"],
+            report.divergence["asked"]) == (1, "patch#fraud-check", "charge")
+    assert armed == []
+
+
+async def test_a_completed_execution_replays_to_its_return(store, workers) -> None:
+    await workers.start()
+    await admit(store, "rp-short", "s-1")
+
+    async def completed() -> bool:
+        return (await store.history.get("s-1"))["status"] == "completed"
+
+    await wait_until(completed, timeout=20, what="s-1 completed")
+    history = await store.exports.export("s-1")
+    report = await replay(WORKFLOWS["rp-short"], history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed) == (True, "returned", 2)
+
+
+async def test_params_that_no_longer_parse_are_reported(recorded) -> None:
+    from pydantic import BaseModel
+
+    class Strict(BaseModel):
+        n: str
+
+    history = await recorded("o-1")
+    strict = definition(variants.recorded)
+    import dataclasses
+    report = await replay(dataclasses.replace(strict, params_model=Strict), history)
+    assert not report.ok and report.end == "raised" and report.replayed == 0
+    assert "params no longer match" in report.divergence["message"]
+
+
+async def test_another_workflow_or_format_is_refused(recorded) -> None:
+    history = await recorded("o-1")
+    with pytest.raises(ValueError, match="is of workflow 'rp-order', not 'rp-short'"):
+        await replay(WORKFLOWS["rp-short"], history)
+    with pytest.raises(HistoryFormatError, match="fencepost-history/1"):
+        await replay(definition(variants.recorded), {**history, "format": "other/9"})
+
+
+async def test_an_unknown_execution_exports_nothing(store) -> None:
+    assert await store.exports.export("nobody") is None
