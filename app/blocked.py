@@ -17,6 +17,7 @@ will leave it). One answer per record, the first rule of RULES that holds:
 | `concurrency-limit` | due (or its lease expired), but its queue's concurrency limit, or its key's per-key limit, is full (queue, key, running, limit) | wait for a slot, or raise the limit |
 | `rate-limited` | a first start, but its queue's (or key's) starts within the rate period are spent (queue, key, until) | wait until T, or raise the rate limit |
 | `no-worker` | due, but no live worker runs this workflow | start a worker with this workflow |
+| `no-worker-for-version` | due (or its lease expired), admitted under code version V, but of the live workers that run its workflow none carries V (workflowId, version) | start a worker with that version of the workflow |
 | `due` | due, waiting for a free worker | add workers or concurrency if it lasts |
 
 Once a cancel is pending, every answer also says `cancelRequested: true`.
@@ -37,6 +38,14 @@ rate_per_key, per key; an execution without a concurrency key is under no
 per-key limit. What each queue and key holds now is read in SQL
 (QUEUE_STATE_CTES) and handed to the Python form with the live workflows
 (`Live.queues`), as `live` is.
+
+A worker carries each of its workflows at one code version, or unversioned
+(a worker registered before versions were recorded carries each
+unversioned). An execution admitted under version V is claimed only by a
+worker carrying V of its workflow (Leases.claim_due); an unversioned one by
+any worker running its workflow. `live` says both in one text[]: each
+workflow some live worker runs, and `carried(workflow, version)` for each
+version one carries (LIVE_SQL reads it from the workers).
 """
 
 from __future__ import annotations
@@ -85,14 +94,48 @@ class QueueState:
     keys: Mapping[str, Held] = field(default_factory=dict)
 
 
+# Between a workflow ID and a version in `carried`: no workflow ID holds it
+# (IDs are letters, digits and . _ : -), so a carried version never reads as
+# a workflow and the first one splits the two.
+_CARRIES = "\x1f"
+
+
+def carried(workflow_id: str, version: str) -> str:
+    """What `live` holds when a live worker carries `version` of the workflow."""
+    return f"{workflow_id}{_CARRIES}{version}"
+
+
+def workflows_of(live: Iterable[str]) -> set[str]:
+    """The workflow IDs of `live` (without the versions carried)."""
+    return {w for w in live if _CARRIES not in w}
+
+
 class Live(set[str]):
-    """The workflows some live worker runs, and what holds each queue back
+    """The workflows some live worker runs, with `carried(workflow, version)`
+    for each code version one carries of it, and what holds each queue back
     now (`queues`: by name; None when unknown, and then no queue rule holds)."""
 
     def __init__(self, workflows: Iterable[str] = (),
-                 queues: Mapping[str, QueueState] | None = None) -> None:
+                 queues: Mapping[str, QueueState] | None = None,
+                 versions: Iterable[tuple[str, str]] = ()) -> None:
         super().__init__(workflows)
+        self.update(carried(w, v) for w, v in versions)
         self.queues = queues
+
+
+# The live workers' `live`, as one text[] (a SELECT's one column): the
+# workflows of each worker that has heartbeated within `$stale` seconds and
+# not stopped, and carried(workflow, version) for each version in its
+# `versions` ({workflow: version or null}; a missing or null entry:
+# unversioned, which carries no version).
+def live_sql(stale: str) -> str:
+    live = (f"stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => {stale})")
+    return f"""ARRAY(
+        SELECT jsonb_array_elements_text(workflows) FROM workers WHERE {live}
+        UNION
+        SELECT v.key || chr({ord(_CARRIES)}) || v.value
+        FROM workers, jsonb_each_text(versions) v
+        WHERE {live} AND v.value IS NOT NULL)"""
 
 
 @dataclass(frozen=True)
@@ -120,7 +163,8 @@ def _known(live: set[str] | None) -> Known:
 @dataclass(frozen=True)
 class Sql:
     """The SQL names the conditions read: the healed record `r`, the live
-    workflows `live` (a text[] expression; NULL: unknown), and the queue's
+    workflows and the versions carried of them `live` (a text[] expression,
+    as Live holds them; NULL: unknown), and the queue's
     and key's state rows `q` and `k` (QUEUE_STATE_CTES joined by
     queue_state_joins); `q` None: unknown, and then no queue rule holds."""
 
@@ -223,6 +267,23 @@ class NoLiveWorker(Condition):
 
     def sql(self, n: Sql) -> str:
         return f"coalesce(NOT ({n.r}.workflow_id = ANY({n.live})), false)"
+
+
+@dataclass(frozen=True)
+class NoLiveWorkerForVersion(Condition):
+    """Admitted under a code version, its workflow run by a known live
+    worker, none of which carries that version of it."""
+
+    def holds(self, row: Row, known: Known) -> bool:
+        version = row.get("code_version")
+        return (known.live is not None and version is not None
+                and row["workflow_id"] in known.live
+                and carried(row["workflow_id"], version) not in known.live)
+
+    def sql(self, n: Sql) -> str:
+        token = f"{n.r}.workflow_id || chr({ord(_CARRIES)}) || {n.r}.code_version"
+        return (f"coalesce({n.r}.code_version IS NOT NULL AND {n.r}.workflow_id = ANY({n.live}) "
+                f"AND NOT ({token} = ANY({n.live})), false)")
 
 
 @dataclass(frozen=True)
@@ -356,6 +417,8 @@ RULES: tuple[tuple[str, Condition], ...] = (
     # An expired lease is taken over only where its queue has room.
     ("queue-paused", All((Flag("lease_expired"), QueuePaused()))),
     ("concurrency-limit", All((Flag("lease_expired"), AnyOf((QueueFull(), KeyFull()))))),
+    # ... and only by a worker carrying its code version.
+    ("no-worker-for-version", All((Flag("lease_expired"), NoLiveWorkerForVersion()))),
     ("lease-expired", Flag("lease_expired")),
     ("redelivery-delay", Later("redeliver_after")),
     ("waiting-for-child", All((NotDue(), WaitsOn("child")))),
@@ -367,6 +430,7 @@ RULES: tuple[tuple[str, Condition], ...] = (
     ("concurrency-limit", AnyOf((QueueFull(), KeyFull()))),
     ("rate-limited", AnyOf((QueueStartsSpent(), KeyStartsSpent()))),
     ("no-worker", NoLiveWorker()),
+    ("no-worker-for-version", NoLiveWorkerForVersion()),
     ("due", Always()),
 )
 REASONS: tuple[str, ...] = tuple(dict.fromkeys(reason for reason, _ in RULES))
@@ -522,6 +586,10 @@ _DETAILS: dict[str, Callable[[Row, Known], dict[str, Any]]] = {
     "concurrency-limit": _concurrency_limit,
     "rate-limited": _rate_limited,
     "no-worker": lambda row, _: {"workflowId": row["workflow_id"], "since": row["due_at"]},
+    "no-worker-for-version": lambda row, _: {
+        "workflowId": row["workflow_id"], "version": row["code_version"],
+        # Waiting since its expired lease's last delivery ended, else since due.
+        "since": row["last_unacknowledged_at"] if row["lease_expired"] else row["due_at"]},
     "due": lambda row, _: {"since": row["due_at"]},
 }
 assert set(_DETAILS) | {NONE} == set(REASONS)

@@ -47,7 +47,7 @@ HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 DELIVERY_OUTCOMES = ("completed", "failed", "suspended", "cancelled", "timed_out", "retry",
                      "park", "stopped")
 TERMINAL = ("completed", "failed", "cancelled", "timed_out")
-PARK_REASONS = ("poison", "outcome_unknown")
+PARK_REASONS = ("poison", "outcome_unknown", "nondeterminism")
 TAKEOVER_BY = ("claim", "reaper")
 MAINTENANCE_TASKS = ("reaper", "retention", "scheduler")
 WAITING_REASONS = tuple(r for r in REASONS if r != "none")
@@ -300,10 +300,11 @@ def database_families(snap: dict[str, Any] | None) -> list[Metric]:
                           value=snap["unacknowledged_sum"]),
         GaugeMetricFamily("fencepost_oldest_due_age_seconds",
                           "How long the longest-waiting execution that is due and waits for a "
-                          "worker (blockedBy due or no-worker) has waited; executions in a "
-                          "redelivery delay, sleeping or waiting do not count.",
-                          value=max(snap["oldest_by_reason"].get("due", 0.0),
-                                    snap["oldest_by_reason"].get("no-worker", 0.0))),
+                          "worker (blockedBy due, no-worker or no-worker-for-version) has "
+                          "waited; executions in a redelivery delay, sleeping or waiting do "
+                          "not count.",
+                          value=max(snap["oldest_by_reason"].get(reason, 0.0)
+                                    for reason in ("due", "no-worker", "no-worker-for-version"))),
         GaugeMetricFamily("fencepost_live_workers",
                           "Workers that heartbeated recently and have not stopped.",
                           value=snap["live_workers"]),

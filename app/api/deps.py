@@ -29,12 +29,13 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 async def live_workflows(store: ExecutionStore, settings: Settings,
                          rows: Sequence[HealedExecution]) -> Live | None:
     """Workflows some live worker runs (one that has heartbeated within three
-    renewal intervals; workers heartbeat at every renewal), as a Live that
-    also knows what each queue and key holds now; read only when a row is
-    due or its lease expired: the cases in which blockedBy tells `due` from
-    `no-worker` and from what its queue holds back (queue-paused,
+    renewal intervals; workers heartbeat at every renewal) and the code
+    versions carried of them, as a Live that also knows what each queue and
+    key holds now; read only when a row is due or its lease expired: the
+    cases in which blockedBy tells `due` from `no-worker`, from
+    `no-worker-for-version` and from what its queue holds back (queue-paused,
     concurrency-limit, rate-limited), and a takeover from a queue that has
-    no room for it."""
+    no room for it or no worker carrying its version."""
     if not any((blocked_by(r, None) or {}).get("reason") in ("due", "lease-expired")
                for r in rows):
         return None

@@ -169,7 +169,10 @@ class ExecutionSummary(Camel):
     redrives: int = Field(0, description="Times redriven (POST .../redrive).")
     forked_from: dict[str, str] | None = Field(
         None, description="{executionId, step} of the execution this one was forked from.")
-    parked: dict[str, Any] | None = Field(None, description="{reason, step} while parked.")
+    parked: dict[str, Any] | None = Field(
+        None, description="{reason (poison, outcome_unknown, nondeterminism), step, divergence "
+        "(for nondeterminism: {position, recorded, asked, message}, where code and history "
+        "first disagree; else null)} while parked.")
     integrity_conflicts: int = Field(
         0, description="Late observations of stale holders that differ from what was recorded "
         "(the recorded value stands); see the events of kind integrity_conflict.",
@@ -188,7 +191,10 @@ class ExecutionSummary(Camel):
         "{queue}, concurrency-limit {queue, key (when its key's per-key limit is the full "
         "one), running (slots held), limit} or rate-limited {queue, key (a rate limit per "
         "key), until (when the oldest start counted in the period leaves it)}, counted as "
-        "the claim counts.",
+        "the claim counts. A due execution (or one whose lease expired) admitted under a "
+        "code version that live workers run its workflow but none carries that version "
+        "reads no-worker-for-version {workflowId, version, since}; no live worker running "
+        "the workflow at all reads no-worker.",
     )
 
 

@@ -9,7 +9,14 @@ import builtins
 from datetime import datetime
 from typing import Any
 
-from app.blocked import QUEUE_STATE_CTES, Live, queue_state_joins, queue_states, reason_sql
+from app.blocked import (
+    QUEUE_STATE_CTES,
+    Live,
+    live_sql,
+    queue_state_joins,
+    queue_states,
+    reason_sql,
+)
 from app.schema import TERMINAL_STATUSES
 from app.store.handle import StoreObject
 from app.store.records import (
@@ -376,21 +383,15 @@ class History(StoreObject):
 
 
     async def live_workflow_ids(self, stale_after_seconds: float) -> Live:
-        """Workflows some live worker advertises (for blockedBy: no-worker),
+        """Workflows some live worker advertises and the code versions
+        carried of them (for blockedBy: no-worker, no-worker-for-version),
         and what each queue and key holds now (for blockedBy: queue-paused,
         concurrency-limit, rate-limited), read as app/blocked.py counts."""
         async with self.db.connection() as conn:
-            rows = await conn.fetch(
-                """
-                SELECT DISTINCT jsonb_array_elements_text(workflows) AS workflow_id FROM workers
-                WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => $1)
-                """,
-                float(stale_after_seconds),
-            )
+            live = await conn.fetchval(f"SELECT {live_sql('$1')}", float(stale_after_seconds))
             queues = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM queue_state")
             keys = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM key_state")
-        return Live((r["workflow_id"] for r in rows),
-                    queue_states([dict(q) for q in queues], [dict(k) for k in keys]))
+        return Live(live, queue_states([dict(q) for q in queues], [dict(k) for k in keys]))
 
 
     async def admitted_by(self, execution_id: str) -> tuple[bool, str | None]:

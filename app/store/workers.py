@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, queue_state_joins, reason_sql
+from app.blocked import QUEUE_REASONS, QUEUE_STATE_CTES, live_sql, queue_state_joins, reason_sql
 from app.store.handle import StoreObject
 from app.store.records import MetricsSnapshot, WorkerHolder, WorkerRecord, record, records
 from app.store.types import record_columns
@@ -86,18 +86,12 @@ class Workers(StoreObject):
         """Gauges over unfinished rows, each read as the API reports it (the
         healed view of app/store/types.py: an expired lease counts as the
         reaper will leave it), and why each waits by app/blocked.py's rule,
-        with the workflows some worker heartbeating within
-        `live_within_seconds` runs."""
+        with the workflows (and the versions carried of them) some worker
+        heartbeating within `live_within_seconds` runs."""
         async with self.db.connection() as conn:
             rows = await conn.fetch(
                 f"""
-                WITH live AS (
-                    SELECT ARRAY(SELECT DISTINCT jsonb_array_elements_text(workflows)
-                                 FROM workers
-                                 WHERE stopped_at IS NULL
-                                   AND heartbeat_at > now() - make_interval(secs => $3))
-                           AS workflows
-                ), {QUEUE_STATE_CTES}, x AS (
+                WITH live AS (SELECT {live_sql("$3")} AS workflows), {QUEUE_STATE_CTES}, x AS (
                     SELECT r.*, {reason_sql("r", "l.workflows", "q", "k")} AS reason
                     FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
                           WHERE status IN ('admitted', 'running', 'suspended', 'parked')) r
@@ -200,5 +194,5 @@ class Workers(StoreObject):
 
 # Due: waiting to be claimed, by a worker that may be missing or behind its
 # queue's limits.
-_DUE = ("due", "no-worker", *QUEUE_REASONS)
+_DUE = ("due", "no-worker", "no-worker-for-version", *QUEUE_REASONS)
 _DUE_REASONS = ", ".join(f"'{r}'" for r in _DUE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
+from app.blocked import workflows_of
 from app.commands import DASHBOARD
 from app.commands.operations import (
     OPERATION_ID,
@@ -41,7 +42,7 @@ async def _bulk_page(request: Request, session: Session, b: BulkForm, *,
     live_ids = await live(request)
     return render(request, "operations.html", {
         "b": b, "counted": counted, "actions": ACTION_WORDS,
-        "workflow_ids": sorted(set(await store.dashboard.workflow_ids_seen()) | live_ids
+        "workflow_ids": sorted(set(await store.dashboard.workflow_ids_seen()) | workflows_of(live_ids)
                                | set(request.app.state.workflows or {})),
         "limit": request.app.state.settings.max_operation_executions,
     }, session=session, status=status)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
-from app.blocked import blocked_by
+from app.blocked import blocked_by, workflows_of
 from app.commands.errors import UNSTORABLE_TEXT
 from app.commands.executions import terminal
 from app.commands.redrive import not_ended
@@ -95,7 +95,8 @@ async def executions_page(request: Request) -> Response:
     counts = await store.dashboard.status_counts()
     now, activity = await store.dashboard.activity_per_minute(60)
     live_ids = await live(request)
-    workflow_ids = sorted(set(await store.dashboard.workflow_ids_seen()) | live_ids)
+    # The filter's choices: workflows, not the versions carried of them.
+    workflow_ids = sorted(set(await store.dashboard.workflow_ids_seen()) | workflows_of(live_ids))
     rows: list[dict] = []
     total = 0
     if not f.problems:
@@ -113,7 +114,7 @@ async def executions_page(request: Request) -> Response:
         "all_count": sum(counts.values()), "now": now, "chart": views.activity_chart(activity),
         "series": views.SERIES, "workflow_ids": workflow_ids, "sorts": SORT_LABELS,
         "page_sizes": PAGE_SIZES,
-        "registered": sorted(set(request.app.state.workflows or {}) | live_ids),
+        "registered": sorted(set(request.app.state.workflows or {}) | workflows_of(live_ids)),
         "filtered": bool(set(f.raw) - {"refresh", "sort", "limit"}),
         "form_from": form_time(f.admitted_from, f.raw.get("admittedFrom")),
         "form_to": form_time(f.admitted_to, f.raw.get("admittedTo")),

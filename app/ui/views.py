@@ -69,6 +69,7 @@ BLOCKED_REASONS: dict[str, str] = {
     "concurrency-limit": "held back: its queue's concurrency limit is full",
     "rate-limited": "held back: its queue's rate limit is spent",
     "no-worker": "no live worker runs its workflow",
+    "no-worker-for-version": "no live worker carries its code version",
     "none": "nothing: it has ended",
 }
 assert set(BLOCKED_REASONS) == set(REASONS), "every reason of app/blocked.py has its words"
@@ -103,6 +104,16 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                 "Check the other system (the idempotency key is below), then resolve the step: "
                 "retry it, record it as succeeded, or record it as failed.",
                 short=f"parked: outcome of “{step}” unknown")
+        if blocked.get("parkedReason") == "nondeterminism":
+            return Blocked(
+                reason, f"Parked: its code no longer fits its history at step “{step}”.",
+                "Replaying the recorded steps, the workflow code asked for something other "
+                "than what the history recorded at the same place (a step added, removed, "
+                "renamed or moved without ctx.patched), so no worker continues it: going on "
+                "would run steps out of order.",
+                "Run it on the code version it was admitted under, or guard the change with "
+                "ctx.patched and redeploy; otherwise cancel or terminate it.",
+                short=f"parked: code diverged at “{step}”")
         return Blocked(
             reason, f"Parked as poison after {rec['unacknowledged_deliveries']} deliveries "
             "that ended without an acknowledgement.",
@@ -189,6 +200,17 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                        "Workers advertise the workflows they run; none alive advertises this one.",
                        "Start a worker with this workflow (FENCEPOST_WORKFLOWS).",
                        blocked.get("since"), "due since", "no live worker")
+    if reason == "no-worker-for-version":
+        workflow, version = blocked.get("workflowId"), blocked.get("version")
+        return Blocked(reason, f"Waiting for a worker with version “{version}” of workflow "
+                       f"“{workflow}”.",
+                       "It was admitted under that code version, and a worker runs only the "
+                       "executions admitted under the version it carries (its history may "
+                       "replay differently under another). Live workers run this workflow, "
+                       "but none carries this version.",
+                       f"Start a worker with version “{version}” of this workflow (see the "
+                       "workers page for the versions each carries).",
+                       blocked.get("since"), "waiting since", f"no worker with version “{version}”")
     return Blocked("due", "Due: waiting for a free worker.",
                    "It will be claimed by the next worker with free capacity.",
                    "Add workers or concurrency if this lasts.", blocked.get("since"), "due since",

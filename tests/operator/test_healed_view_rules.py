@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app.blocked import blocked_by
+from app.blocked import blocked_by, carried
 from app.reaper import LeaseReaper
 from app.store import ExecutionStore
 from app.ui import views
@@ -25,10 +25,10 @@ pytestmark = pytest.mark.timeout(60)
 REASONS = ("none", "parked", "leased", "lease-expired", "redelivery-delay", "delayed-start",
            "sleeping",
            "waiting-for-signal", "waiting-for-child", "queue-paused", "concurrency-limit",
-           "rate-limited", "no-worker", "due")
+           "rate-limited", "no-worker", "no-worker-for-version", "due")
 
 LIVE_WORKFLOWS = ["op-quick", "op-sleep", "op-gated", "op-charge", "op-w1", "op-w2", "op-w3",
-                  "op-w4", "op-w5", "op-w6", "op-w7", "op-w8"]
+                  "op-w4", "op-w5", "op-w6", "op-w7", "op-w8", "op-versioned"]
 
 
 async def _claim(store: ExecutionStore, workflow_id: str):
@@ -44,7 +44,7 @@ async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str
     await store.queues.change("q-rate", {"rate_limit": 1, "rate_period": 3600.0}, actor="test")
     await store.queues.change("q-paused", {"paused": True}, actor="test")
     await store.workers.register_worker("w-live", host="t", pid=1, workflows=LIVE_WORKFLOWS,
-                                concurrency=1)
+                                concurrency=1, versions={"op-versioned": "v2"})
     now = await store.clock.db_now()
     await admit(store, "op-w1", "r-leased", queue="q-one")
     await _claim(store, "op-w1")
@@ -80,7 +80,10 @@ async def _one_per_reason(store: ExecutionStore, pool: asyncpg.Pool) -> dict[str
     await admit(store, "op-quick", "r-concurrency", queue="q-one")
     await admit(store, "op-quick", "r-rate", queue="q-rate")
     await admit(store, "op-quick", "r-delayed", delay_seconds=3600)
+    # Its workflow runs on a live worker, but at v2, not the v1 it was admitted under.
+    await admit(store, "op-versioned", "r-version", code_version="v1")
     return {
+        "r-version": "no-worker-for-version",
         "r-delayed": "delayed-start",
         "r-queue-paused": "queue-paused", "r-concurrency": "concurrency-limit",
         "r-rate": "rate-limited",
@@ -98,7 +101,7 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     assert set(views.BLOCKED_REASONS) == set(REASONS), "the dashboard knows every reason"
     # What the dashboard reads: the live workflows, and what each queue holds.
     live = await store.history.live_workflow_ids(60)
-    assert live == set(LIVE_WORKFLOWS)
+    assert live == set(LIVE_WORKFLOWS) | {carried("op-versioned", "v2")}
 
     rows, total = await store.dashboard.ui_list(live_workflows=live, limit=100)
     assert total == len(expected)
@@ -130,8 +133,20 @@ async def test_api_and_dashboard_agree_on_every_blocked_reason(
     # The metrics count by the same rule.
     waiting = (await store.workers.metrics_snapshot())["waiting"]
     for reason in expected.values():
-        if reason in ("queue-paused", "concurrency-limit", "rate-limited"):
+        if reason in ("queue-paused", "concurrency-limit", "rate-limited",
+                      "no-worker-for-version"):
             assert sum(n for (r, _), n in waiting.items() if r == reason) == 1, (reason, waiting)
+
+    # The version no live worker carries, and its workflow's.
+    version = (await get_record(api, "r-version"))["blockedBy"]
+    assert version == {"reason": "no-worker-for-version", "workflowId": "op-versioned",
+                       "version": "v1", "since": version["since"]}, version
+    page = await api.get("/ui/executions/r-version")
+    assert page.status_code == 200, page.text
+    assert "version “v1” of workflow “op-versioned”" in page.text
+    listing = await api.get("/ui", params={"blockedBy": "no-worker-for-version"})
+    assert listing.status_code == 200, listing.text
+    assert "/ui/executions/r-version" in listing.text and "no worker with version" in listing.text
 
     # A delayed start says when it is first due (not "sleeping": no step waits).
     delayed = (await get_record(api, "r-delayed"))["blockedBy"]
@@ -256,7 +271,7 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
     import itertools
     import json
 
-    from app.blocked import reason_of, reason_sql
+    from app.blocked import Live, reason_of, reason_sql
 
     now = await pool.fetchval("SELECT now()")
     times = {"null": None, "past": now - timedelta(minutes=1), "future": now + timedelta(minutes=1)}
@@ -264,12 +279,14 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
                 "cancelled", "timed_out")
     waits = (None, {}, {"child": "c"}, {"signal": "s"}, {"sleep": "k"},
              {"child": "c", "signal": "s"})
-    lives = (None, set(), {"wf"})
+    # Unknown, nobody, the workflow unversioned, at v1, and another workflow at v1.
+    lives = (None, set(), {"wf"}, Live({"wf"}, versions=[("wf", "v1")]),
+             Live({"other"}, versions=[("other", "v1")]))
     rows = [
         {"status": s, "lease_expired": x, "redeliver_after": times[ra], "due_at": times[d],
-         "waiting_on": w, "workflow_id": "wf", "read_at": now, "token": t}
-        for s, x, ra, d, w, t in itertools.product(statuses, (None, False, True), times, times,
-                                                   waits, (0, 1))
+         "waiting_on": w, "workflow_id": "wf", "read_at": now, "token": t, "code_version": v}
+        for s, x, ra, d, w, t, v in itertools.product(
+            statuses, (None, False, True), times, times, waits, (0, 1), (None, "v1", "v2"))
     ]
     sql = reason_sql("r", "$2::text[]")
     counts: dict[str, int] = {}
@@ -280,7 +297,7 @@ async def test_reason_sql_and_python_agree_over_every_combination(pool: asyncpg.
             FROM jsonb_to_recordset($1::jsonb) AS r(
                 status text, lease_expired boolean, redeliver_after timestamptz,
                 due_at timestamptz, waiting_on jsonb, workflow_id text, read_at timestamptz,
-                token bigint, i int)
+                token bigint, code_version text, i int)
             ORDER BY r.i
             """,
             json.loads(json.dumps([{**row, "i": i} for i, row in enumerate(rows)],
@@ -368,7 +385,7 @@ async def test_queue_rules_in_sql_and_python_agree_over_every_combination(
         FROM jsonb_to_recordset($1::jsonb) AS r(
             status text, lease_expired boolean, redeliver_after timestamptz,
             due_at timestamptz, waiting_on jsonb, workflow_id text, read_at timestamptz,
-            queue text, concurrency_key text, token bigint, i int)
+            queue text, concurrency_key text, token bigint, code_version text, i int)
         LEFT JOIN jsonb_to_recordset($2::jsonb) AS q(
             name text, paused boolean, concurrency int, per_key_concurrency int,
             rate_limit int, rate_period float8, rate_per_key boolean,
