@@ -35,12 +35,14 @@ from urllib.parse import quote
 import httpx
 
 __all__ = [
-    "ERRORS_BY_CODE", "KEEP", "AsyncClient", "Client", "DatabaseUnavailable", "DeadlineInThePast",
-    "ExecutionCancelled", "ExecutionFailed", "ExecutionIdConflict", "ExecutionNotEnded",
+    "ANY_VERSION", "ERRORS_BY_CODE", "KEEP", "AsyncClient", "Client", "DatabaseUnavailable",
+    "DeadlineInThePast", "ExecutionCancelled", "ExecutionChanged", "ExecutionEnded",
+    "ExecutionFailed", "ExecutionIdConflict", "ExecutionNotEnded", "ExecutionRunning",
     "ExecutionNotFound", "ExecutionNotParked", "ExecutionTerminal", "ExecutionTimedOut",
     "ExecutionUnsuccessful", "FencepostError", "Forbidden", "HostNotAllowed", "InvalidCursor",
     "InvalidConcurrencyKey", "InvalidExecutionEvent", "InvalidParams", "InvalidQueueSettings",
-    "InvalidRequest", "InvalidResolution", "QueueNotFound",
+    "InvalidRequest", "InvalidResolution", "QueueNotFound", "ReplayCheckFailed",
+    "ReplayCheckUnavailable", "ReplayDiverges",
     "InvalidSchedule", "MalformedJson", "MethodNotAllowed", "NotFound", "PayloadTooLarge",
     "RateLimited", "RedriveNeedsFromStep", "RequestHeaderFieldsTooLarge", "RequestTimeout",
     "ReservedExecutionId", "SchemaOutOfDate", "ScheduleExists", "ScheduleNotFound", "Started", "StepNotFound",
@@ -171,6 +173,39 @@ class RedriveNeedsFromStep(FencepostError):
     code = "REDRIVE_NEEDS_FROM_STEP"
 
 
+class ExecutionEnded(FencepostError):
+    code = "EXECUTION_ENDED"
+
+
+class ExecutionRunning(FencepostError):
+    """A delivery holds the execution: retry when it ends."""
+
+    code = "EXECUTION_RUNNING"
+
+
+class ExecutionChanged(FencepostError):
+    """The execution changed while its history was checked: retry."""
+
+    code = "EXECUTION_CHANGED"
+
+
+class ReplayDiverges(FencepostError):
+    """The target code does not fit the history; `details["divergence"]` says where."""
+
+    code = "REPLAY_DIVERGES"
+
+
+class ReplayCheckUnavailable(FencepostError):
+    """The API does not carry the target version: check with `fencepost
+    replay`, then move with force=True."""
+
+    code = "REPLAY_CHECK_UNAVAILABLE"
+
+
+class ReplayCheckFailed(FencepostError):
+    code = "REPLAY_CHECK_FAILED"
+
+
 class OperationNotFound(FencepostError):
     code = "OPERATION_NOT_FOUND"
 
@@ -243,7 +278,8 @@ ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
         ReservedExecutionId, DeadlineInThePast, Unauthenticated, Forbidden, NotFound,
         WorkflowNotFound, ExecutionNotFound, StepNotFound, ExecutionIdConflict,
         ExecutionTerminal, ExecutionNotParked, StepNotOutcomeUnknown, ExecutionNotEnded,
-        RedriveNeedsFromStep, OperationNotFound, OperationFinished, TooManyMatched,
+        RedriveNeedsFromStep, ExecutionEnded, ExecutionRunning, ExecutionChanged,
+        ReplayDiverges, ReplayCheckUnavailable, ReplayCheckFailed, OperationNotFound, OperationFinished, TooManyMatched,
         ScheduleNotFound, ScheduleExists, InvalidSchedule,
         QueueNotFound, InvalidQueueSettings, InvalidConcurrencyKey,
         MethodNotAllowed, HostNotAllowed, RequestHeaderFieldsTooLarge, SchemaOutOfDate, RateLimited,
@@ -381,6 +417,35 @@ class _Keep:
 
 # A queue setting not given to set_queue: left as it is (None means no limit).
 KEEP: Any = _Keep()
+
+
+class _AnyVersion:
+    def __repr__(self) -> str:
+        return "ANY_VERSION"
+
+
+# move_versions' from_version not given: executions of any version (None:
+# only unversioned ones).
+ANY_VERSION: Any = _AnyVersion()
+
+
+def _version_move(to: str | None, force: bool, reason: str | None) -> dict[str, Any]:
+    return {"to": to, "force": force, **_without_none(reason=reason)}
+
+
+def _versions_move(to: str | None, workflow_id: str, from_version: Any,
+                   statuses: Sequence[str] | None, ids: Sequence[str] | None, limit: int | None,
+                   force: bool, dry_run: bool, reason: str | None) -> dict[str, Any]:
+    """move_versions' arguments as the request body."""
+    selection: dict[str, Any] = {"workflowId": workflow_id}
+    if from_version is not ANY_VERSION:
+        selection["fromVersion"] = from_version
+    if statuses is not None:
+        selection["status"] = list(statuses)
+    if ids is not None:
+        selection["ids"] = list(ids)
+    return {"to": to, "filter": selection, "force": force, "dryRun": dry_run,
+            **_without_none(limit=limit, reason=reason)}
 
 
 def _queue_path(name: str, *rest: str) -> str:
@@ -548,6 +613,31 @@ class Client:
         body = _without_none(fromStep=from_step, executionId=execution_id, params=params)
         return _body(self._call("POST", _path(source_id, "fork"), json=body, ok=(201,)))
 
+    def move_version(self, execution_id: str, to: str | None, *, force: bool = False,
+                     reason: str | None = None) -> dict[str, Any]:
+        """Move the execution to code version `to` (None: unversioned) once
+        its history replays against that code (the API must carry it;
+        `force=True` skips the check). Answers {executionId, from, to, check,
+        status, resumed, replayed}; raises ReplayDiverges (details carry the
+        divergence), ReplayCheckUnavailable, ExecutionRunning /
+        ExecutionChanged (retry), ExecutionEnded, ExecutionNotFound."""
+        return _body(self._call("POST", _path(execution_id, "version"),
+                                json=_version_move(to, force, reason)))
+
+    def move_versions(self, to: str | None, workflow_id: str, *,
+                      from_version: str | None = ANY_VERSION,
+                      statuses: Sequence[str] | None = None, ids: Sequence[str] | None = None,
+                      limit: int | None = None, force: bool = False, dry_run: bool = False,
+                      reason: str | None = None) -> dict[str, Any]:
+        """Move up to `limit` (default 100) unended executions of
+        `workflow_id` (of `from_version`, None: unversioned; in `statuses`;
+        among `ids`), each checked and moved as move_version does. Answers
+        {moved: [ids], refused: [{executionId, code, message, divergence?}],
+        matched, more, dryRun}."""
+        body = _versions_move(to, workflow_id, from_version, statuses, ids, limit, force,
+                              dry_run, reason)
+        return _body(self._call("POST", "/v1/executions/version", json=body))
+
     def list(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every execution matching the filters (status, workflow_id,
         parent_execution_id, admitted_after, admitted_before, ...), newest
@@ -690,6 +780,21 @@ class AsyncClient:
         body = _without_none(fromStep=from_step, executionId=execution_id, params=params)
         return _body(await self._call("POST", _path(source_id, "fork"), json=body,
                                  ok=(201,)))
+
+    async def move_version(self, execution_id: str, to: str | None, *, force: bool = False,
+                           reason: str | None = None) -> dict[str, Any]:
+        return _body(await self._call("POST", _path(execution_id, "version"),
+                                      json=_version_move(to, force, reason)))
+
+    async def move_versions(self, to: str | None, workflow_id: str, *,
+                            from_version: str | None = ANY_VERSION,
+                            statuses: Sequence[str] | None = None,
+                            ids: Sequence[str] | None = None, limit: int | None = None,
+                            force: bool = False, dry_run: bool = False,
+                            reason: str | None = None) -> dict[str, Any]:
+        body = _versions_move(to, workflow_id, from_version, statuses, ids, limit, force,
+                              dry_run, reason)
+        return _body(await self._call("POST", "/v1/executions/version", json=body))
 
     async def list(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
         query = _query(filters)

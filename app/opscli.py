@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from app.client import Client, FencepostError
+from app.client import ANY_VERSION, Client, FencepostError
 from app.schema import STATUSES
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -31,6 +31,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 URL_VARIABLE, TOKEN_VARIABLE = "FENCEPOST_URL", "FENCEPOST_TOKEN"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 ACTIONS = ("cancel", "redrive", "resume", "resolve")
+# What a version move may select (an ended execution is not moved).
+MOVABLE_STATUSES = ("admitted", "running", "suspended", "parked")
 MAX_PAGE = 500  # the API's largest page of executions
 NOT_GIVEN = object()  # an option's default where JSON null is a value someone may give
 
@@ -180,9 +182,42 @@ def configure_executions(p: argparse.ArgumentParser) -> None:
                      help="call it once more with the same idempotency key")
     s.add_argument("--by", metavar="WHO")
 
-    s = _sub(sub, "resume", "make an execution parked as poison due again", cmd_resume)
+    s = _sub(sub, "resume", "make an execution parked as poison or for nondeterminism due "
+             "again", cmd_resume)
     s.add_argument("execution_id", metavar="ID")
     s.add_argument("--by", metavar="WHO")
+
+    s = _sub(sub, "move-version", "move an execution to another code version (its history is "
+             "replayed against that code first)", cmd_move_version)
+    s.add_argument("execution_id", metavar="ID")
+    _target_version(s)
+
+    s = _sub(sub, "move-versions", "move a workflow's unended executions to another code "
+             "version, each checked first", cmd_move_versions)
+    s.add_argument("--workflow", required=True, metavar="WORKFLOW_ID")
+    _target_version(s)
+    source = s.add_mutually_exclusive_group()
+    source.add_argument("--from-version", metavar="VERSION",
+                        help="only executions admitted under VERSION (default: any version)")
+    source.add_argument("--from-unversioned", action="store_true",
+                        help="only executions admitted unversioned")
+    s.add_argument("--status", action="append", choices=MOVABLE_STATUSES,
+                   help="only executions in this status (repeat for several)")
+    s.add_argument("--ids", type=ids_arg, metavar="ID,ID,...", help="only these executions")
+    s.add_argument("--limit", type=int, metavar="N",
+                   help="at most N, oldest admission first (default 100, at most 1000)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="check each, move none (moved lists those that would move)")
+
+
+def _target_version(s: argparse.ArgumentParser) -> None:
+    to = s.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", metavar="VERSION", help="the code version to move to")
+    to.add_argument("--unversioned", action="store_true",
+                    help="move to unversioned (runs on any worker carrying the workflow)")
+    s.add_argument("--force", action="store_true",
+                   help="move without the replay check (check with `fencepost replay` first)")
+    s.add_argument("--reason", metavar="TEXT", help="why (kept in the event)")
 
 
 def _path(*parts: str) -> str:
@@ -294,6 +329,31 @@ def cmd_resolve(fp: Client, args: argparse.Namespace) -> Any:
 
 def cmd_resume(fp: Client, args: argparse.Namespace) -> Any:
     return fp._call("POST", _path(args.execution_id, "resume"), json=_body(by=args.by)).json()
+
+
+def cmd_move_version(fp: Client, args: argparse.Namespace) -> Any:
+    return fp.move_version(args.execution_id, None if args.unversioned else args.to,
+                           force=args.force, reason=args.reason)
+
+
+def cmd_move_versions(fp: Client, args: argparse.Namespace) -> Any:
+    source: Any = ANY_VERSION
+    if args.from_unversioned:
+        source = None
+    elif args.from_version is not None:
+        source = args.from_version
+    answer = fp.move_versions(None if args.unversioned else args.to, args.workflow,
+                              from_version=source, statuses=args.status, ids=args.ids,
+                              limit=args.limit, force=args.force, dry_run=args.dry_run,
+                              reason=args.reason)
+    if args.json:
+        return answer
+    block({k: v for k, v in answer.items() if k != "refused"})
+    if answer["refused"]:
+        print()
+        table(answer["refused"], [("REFUSED EXECUTION", "executionId"), ("CODE", "code"),
+                                  ("MESSAGE", "message")])
+    return None
 
 
 # --------------------------------------------------------------- workers

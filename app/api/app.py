@@ -24,6 +24,7 @@ from app.api.routes import (
     redrive,
     schedules,
     signals,
+    versions,
 )
 from app.api.waiters import Waiters
 from app.db import create_pool
@@ -88,6 +89,7 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
     app.include_router(operations.router)
     app.include_router(redrive.router)
     app.include_router(bulk.router)
+    app.include_router(versions.router)
     app.include_router(history.router)
     app.include_router(metrics.router)
     app.include_router(schedules.router)

@@ -1,7 +1,7 @@
 """What an operator (or a client) decides from outside: cancel or terminate
-(with every unfinished descendant), resolve an outcome-unknown step, resume a
-poison-parked execution, request a wake. Each decision and who made it is
-written to the history in the same statement. (Redrive and fork: redrive.py;
+(with every unfinished descendant), resolve an outcome-unknown step, resume
+an execution parked as poison or for nondeterminism, request a wake. Each
+decision and who made it is written to the history in the same statement. (Redrive and fork: redrive.py;
 bulk operations: bulk.py; signals: signals.py.)"""
 
 from __future__ import annotations
@@ -160,22 +160,35 @@ class Operator(StoreObject):
         return "not_outcome_unknown", row["status"]
 
     async def resume(self, execution_id: str, by: str) -> tuple[ResumeAnswer, str | None]:
-        """Make a poison-parked execution due again; its counter is kept, so
-        one more unacknowledged delivery parks it again."""
+        """Make an execution parked as poison, or for nondeterminism (the
+        operator says the code now deployed fits its history), due again.
+        A poison one keeps its counter, so one more unacknowledged delivery
+        parks it again; a nondeterminism one parks again if its code still
+        does not fit."""
         row = await self.db.fetchrow(
             f"""
-            WITH r AS (
-                UPDATE executions
-                SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                    parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
-                    due_at = now(), updated_at = now()
-                WHERE execution_id = $1 AND status = 'parked' AND parked_reason = 'poison'
-                RETURNING execution_id, token, status, unacknowledged_deliveries
+            WITH p AS (
+                SELECT execution_id, parked_reason FROM executions
+                WHERE execution_id = $1 AND status = 'parked'
+                  AND parked_reason IN ('poison', 'nondeterminism')
+                FOR NO KEY UPDATE
+            ), r AS (
+                UPDATE executions e
+                SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+                    parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
+                    redeliver_after = NULL, due_at = now(), updated_at = now()
+                FROM p WHERE e.execution_id = p.execution_id
+                RETURNING e.execution_id, e.token, e.status, e.unacknowledged_deliveries,
+                          p.parked_reason
             ), ev AS (
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, 'resumed', token,
                        jsonb_build_object('by', $2::text,
                                           'unacknowledgedDeliveries', unacknowledged_deliveries)
+                       -- A poison resume's detail is as it always was.
+                       || CASE WHEN parked_reason = 'nondeterminism'
+                               THEN jsonb_build_object('reason', parked_reason)
+                               ELSE '{{}}'::jsonb END
                 FROM r
             )
             SELECT status, pg_notify('{NOTIFY_CHANNEL}', '') FROM r
