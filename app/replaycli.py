@@ -155,8 +155,9 @@ def line(report: ReplayReport) -> str:
         return (f"ok  {report.execution_id}  (replayed {report.replayed} steps, "
                 f"{report.end})")
     found = report.divergence or {}
-    where = f" at position {found['position']}" if found.get("position") is not None else ""
-    return f"DIVERGES  {report.execution_id}{where}: {found.get('message')}"
+    where = (f"at position {found['position']}: " if found.get("position") is not None
+             else "")
+    return f"DIVERGES  {report.execution_id}  {where}{found.get('message')}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,10 @@ child start runs while the code replays."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from pydantic import BaseModel
 
 from app.replay import HistoryFormatError, replay
 from tests.replay import variants
@@ -117,15 +120,12 @@ async def test_a_completed_execution_replays_to_its_return(store, workers) -> No
 
 
 async def test_params_that_no_longer_parse_are_reported(recorded) -> None:
-    from pydantic import BaseModel
-
     class Strict(BaseModel):
         n: str
 
     history = await recorded("o-1")
-    strict = definition(variants.recorded)
-    import dataclasses
-    report = await replay(dataclasses.replace(strict, params_model=Strict), history)
+    strict = dataclasses.replace(definition(variants.recorded), params_model=Strict)
+    report = await replay(strict, history)
     assert not report.ok and report.end == "raised" and report.replayed == 0
     assert "params no longer match" in report.divergence["message"]
 
