@@ -74,7 +74,8 @@ def check_version(to: Any, where: str = "to") -> None:
     if not isinstance(to, str) or not 1 <= len(to) <= MAX_VERSION or UNSTORABLE_TEXT.search(to):
         raise CommandError(422, "INVALID_REQUEST",
                            f"{where}: a code version is 1-{MAX_VERSION} characters (the "
-                           "version= of @workflow), or null for unversioned")
+                           "version= of @workflow), or null for unversioned; fix it and send "
+                           "it again")
 
 
 def _label(version: str | None) -> str:

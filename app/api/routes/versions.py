@@ -95,7 +95,9 @@ class MoveRefusal(Camel):
     execution_id: str
     code: str
     message: str
-    divergence: dict | None = None
+    divergence: dict | None = Field(None, description="For REPLAY_DIVERGES: where the code "
+                                    "and the history first disagree (position, recorded, "
+                                    "asked, message); else null.")
 
 
 class BulkMove(Camel):
@@ -141,8 +143,7 @@ async def move_versions(request: Request, store: StoreDep, settings: SettingsDep
         dry_run=body.dry_run, reason=body.reason, workflows=request.app.state.workflows)
     return {"moved": done.moved,
             "refused": [{"executionId": r.execution_id, "code": r.code, "message": r.message,
-                         **({"divergence": r.divergence} if r.divergence is not None else {})}
-                        for r in done.refused],
+                         "divergence": r.divergence} for r in done.refused],
             "matched": done.matched, "more": done.more, "dryRun": done.dry_run}
 
 
