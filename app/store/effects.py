@@ -157,9 +157,10 @@ class Effects(StoreObject):
                 INSERT INTO execution_events (execution_id, kind, token, detail)
                 SELECT execution_id, status, token,
                        CASE WHEN status = 'parked'
-                            THEN jsonb_strip_nulls(jsonb_build_object(
-                                'reason', $4::text, 'stepKey', $3::text,
-                                'divergence', $5::jsonb)) END
+                            THEN jsonb_build_object('reason', $4::text, 'stepKey', $3::text)
+                                 || CASE WHEN $5::jsonb IS NOT NULL
+                                         THEN jsonb_build_object('divergence', $5::jsonb)
+                                         ELSE '{{}}'::jsonb END END
                 FROM p
             )
             SELECT status, {ENDED_NOTICE.format(ended="p")},
