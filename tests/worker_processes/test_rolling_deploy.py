@@ -2,7 +2,8 @@
 admitted under code version 1 wait (for a signal, as for days) while version
 2 ships; new admissions record version 2 and run on v2 workers only; the old
 ones keep running on v1 workers only; with every v1 worker stopped the old
-ones wait, claimed by nobody, while v2 workers keep claiming; a v1 worker
+ones wait, claimed by nobody, while v2 workers keep claiming, and their
+`blockedBy` reads `no-worker-for-version` (workflowId, version); a v1 worker
 started again finishes them. An unversioned workflow's executions run on
 whichever worker carries it.
 
@@ -179,9 +180,11 @@ async def test_rolling_deploy_routes_executions_by_the_code_version_they_started
                 assert len(await claimers(h, eid)) == 1, eid  # only the first delivery
                 body = (await c.get(f"/v1/executions/{eid}")).json()
                 assert body["codeVersion"] == "1"
+                # v2 workers run its workflow, but none carries version 1.
                 blocked = body["blockedBy"]
-                assert blocked is not None and blocked["reason"] not in (
-                    "leased", "lease-expired", "sleeping", "waiting-for-signal"), blocked
+                assert {k: blocked.get(k) for k in ("reason", "workflowId", "version")} == {
+                    "reason": "no-worker-for-version", "workflowId": "roll-deploy",
+                    "version": "1"}, blocked
     finally:
         api2.stop()
 
