@@ -256,6 +256,20 @@ async def test_a_signal_wait_whose_timer_an_earlier_delivery_recorded_replays(
                                           "b": 3, "nap": 4, "c": 5}
 
 
+async def test_a_signal_wait_that_timed_out_on_an_earlier_deliverys_timer_replays(
+        store, pool, worker):
+    eid = await admit(store, "ver-sdk-signal", "signal-timeout")
+    await wake(store, pool, eid, "signal:go:timeout")  # no signal: the next delivery times out
+    await wake(store, pool, eid, "nap")
+    record = await wait_status(store, eid, "completed")
+
+    assert record["outcome"] == {"result": {"payload": "timed out"}}
+    assert (await step_rows(pool, eid))["signal:go"]["error"]["name"] == "SignalTimeout"
+    assert vf.ran(eid) == ["a", "b", "c"]
+    assert await positions(pool, eid) == {"a": 0, "signal:go": 1, "signal:go:timeout": 2,
+                                          "b": 3, "nap": 4, "c": 5}
+
+
 async def test_a_step_added_past_the_recorded_history_is_a_compatible_change(
         store, pool, worker):
     eid = await admit(store, "ver-sdk-shape", "append")

@@ -17,7 +17,7 @@ import asyncio
 import collections
 from typing import Any
 
-from app.sdk import WorkflowContext, workflow
+from app.sdk import SignalTimeout, WorkflowContext, workflow
 
 CALLS: collections.Counter = collections.Counter()  # (execution_id, what) -> calls
 SEEN: dict[str, list] = collections.defaultdict(list)  # execution_id -> observations
@@ -160,10 +160,13 @@ async def gathered(ctx: WorkflowContext, p: Any) -> dict:
 @workflow("ver-sdk-signal")
 async def signalled(ctx: WorkflowContext, p: Any) -> dict:
     """Step a; wait for signal `go` with a timeout (its timer recorded by the
-    delivery that suspends); step b; a sleep; step c."""
+    delivery that suspends; its timing out is caught); step b; a sleep; step c."""
     eid = ctx.execution_id
     await ctx.step("a", note, eid, "a")
-    payload = await ctx.wait_for_signal("go", timeout=HOUR)
+    try:
+        payload = await ctx.wait_for_signal("go", timeout=HOUR)
+    except SignalTimeout:
+        payload = "timed out"
     await ctx.step("b", note, eid, "b")
     await ctx.sleep("nap", HOUR)
     await ctx.step("c", note, eid, "c")
