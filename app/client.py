@@ -636,7 +636,7 @@ class Client:
         matched, more, dryRun}."""
         body = _versions_move(to, workflow_id, from_version, statuses, ids, limit, force,
                               dry_run, reason)
-        return _body(self._call("POST", "/v1/executions/version", json=body))
+        return _body(self._call("POST", "/v1/version-moves", json=body))
 
     def list(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every execution matching the filters (status, workflow_id,
@@ -794,7 +794,7 @@ class AsyncClient:
                             reason: str | None = None) -> dict[str, Any]:
         body = _versions_move(to, workflow_id, from_version, statuses, ids, limit, force,
                               dry_run, reason)
-        return _body(await self._call("POST", "/v1/executions/version", json=body))
+        return _body(await self._call("POST", "/v1/version-moves", json=body))
 
     async def list(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
         query = _query(filters)

@@ -1,4 +1,4 @@
-"""POST /v1/executions/version: the executions a filter matches are each
+"""POST /v1/version-moves: the executions a filter matches are each
 checked and moved in the request, a refusal of one does not stop the rest;
 bad input is refused with nothing moved."""
 
@@ -10,7 +10,7 @@ from tests.support.responses import assert_error
 from tests.versions import flows
 from tests.versions.conftest import admit
 
-URL = "/v1/executions/version"
+URL = "/v1/version-moves"
 
 
 async def versions_of(store, *eids: str) -> dict[str, str | None]:

@@ -27,8 +27,10 @@ from app.api.models import EXECUTION_ID_PATTERN, ID_PATTERN, JSON_INTEGER, Camel
 from app.commands import versions as commands
 from app.store.versions import ANY_VERSION, MAX_CANDIDATES
 
-router = APIRouter(prefix="/v1/executions", tags=["versions"],
-                   responses={**UNAUTHENTICATED, **FORBIDDEN})
+router = APIRouter(tags=["versions"], responses={**UNAUTHENTICATED, **FORBIDDEN})
+# The bulk form's own path: any /v1/executions/<word> is also the URL of the
+# execution of that ID (GET /v1/executions/{id}), so it lives beside them.
+BULK_PATH = "/v1/version-moves"
 
 VERSION = Field(min_length=1, max_length=commands.MAX_VERSION,
                 description="A code version (the version= of @workflow); null: unversioned "
@@ -118,7 +120,7 @@ def _move_view(done: commands.MoveDone) -> dict:
 
 
 @router.post(
-    "/version",
+    BULK_PATH,
     response_model=BulkMove,
     operation_id="moveExecutionsVersion",
     summary="Move the unended executions of a workflow a filter matches to another code "
@@ -148,7 +150,7 @@ async def move_versions(request: Request, store: StoreDep, settings: SettingsDep
 
 
 @router.post(
-    "/{execution_id}/version",
+    "/v1/executions/{execution_id}/version",
     response_model=VersionMove,
     operation_id="moveExecutionVersion",
     summary="Move an execution to another code version: its history is replayed against "
