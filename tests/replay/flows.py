@@ -24,3 +24,10 @@ async def child(ctx: WorkflowContext, params: dict) -> Any:
 async def short(ctx: WorkflowContext, params: dict) -> Any:
     first = await ctx.step("first", wrap)
     return [first, await ctx.step("second", wrap)]
+
+
+@workflow("rp-signal")
+async def signalled(ctx: WorkflowContext, params: dict) -> Any:
+    first = await ctx.wait_for_signal("go")
+    second = await ctx.wait_for_signal("again", timeout=3600)
+    return [first, second]

@@ -140,3 +140,50 @@ async def test_another_workflow_or_format_is_refused(recorded) -> None:
 
 async def test_an_unknown_execution_exports_nothing(store) -> None:
     assert await store.exports.export("nobody") is None
+
+
+async def test_signal_waits_replay_and_a_pending_signal_is_not_consumed(store, pool, workers,
+                                                                        armed) -> None:
+    await workers.start()
+    await admit(store, "rp-signal", "g-1")
+    assert (await store.signals.send_signal("g-1", "go", {"a": 1}))[0] == "received"
+
+    async def waiting_again() -> bool:
+        record = await store.history.get("g-1")
+        return record["status"] == "suspended" and \
+            (record["waiting_on"] or {}).get("signal") == "again"
+
+    await wait_until(waiting_again, timeout=20, what="g-1 waits for 'again'")
+    await workers.stop_all()
+    history = await store.exports.export("g-1")
+    # The wait for "again" suspended with nothing recorded at its position;
+    # its timeout timer is recorded after it.
+    assert [(s["key"], s["position"]) for s in history["steps"]] == [
+        ("signal:go", 0), ("signal:again:timeout", 2)]
+    assert (await store.signals.send_signal("g-1", "again", 2))[0] == "received"
+    report = await replay(WORKFLOWS["rp-signal"], history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed) == (True, "frontier", 1)
+    # The replay consumed nothing: the pending signal is still there.
+    assert [s["key"] for s in (await store.exports.export("g-1"))["steps"]] == [
+        "signal:go", "signal:again:timeout"]
+    assert await pool.fetchval(
+        "SELECT count(*) FROM signals WHERE execution_id = 'g-1' AND name = 'again' "
+        "AND consumed_at IS NULL") == 1
+    assert armed == []
+
+
+async def test_code_that_raises_before_recorded_steps_does_not_fit(recorded, armed) -> None:
+    from tests.replay.steps import reserve
+
+    async def raises_early(ctx, params):
+        await ctx.step("reserve", reserve, params.get("n", 1))
+        raise RuntimeError("a new validation")
+
+    history = await recorded("o-1")
+    report = await replay(definition(raises_early), history, WORKFLOWS)
+    assert (report.ok, report.end, report.replayed) == (False, "raised", 1)
+    found = report.divergence
+    assert (found["position"], found["recorded"], found["asked"]) == (1, "charge", None)
+    assert "the code raised RuntimeError before asking for recorded step 'charge'" in \
+        found["message"]
+    assert armed == []
