@@ -143,7 +143,7 @@ async def test_sigkilled_effect_without_recovery_parks_until_an_operator_resolve
         rec = await get_record(api, eid)
         assert rec["blockedBy"] == {"reason": "parked", "parkedReason": "outcome_unknown",
                                     "step": "charge"}, rec
-        assert rec["parked"] == {"reason": "outcome_unknown", "step": "charge"}, rec
+        assert rec["parked"] == {"reason": "outcome_unknown", "step": "charge", "divergence": None}, rec
         assert rec["lease"] is None and rec["token"] == 2, rec
         steps = (await api.get(f"/v1/executions/{eid}/steps")).json()["steps"]
         assert [(s["stepKey"], s["status"], s["idempotencyKey"]) for s in steps] == [

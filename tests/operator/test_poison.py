@@ -35,7 +35,7 @@ async def test_unacknowledged_every_delivery_parks_as_poison_and_resume_keeps_th
     await wait_status(store, eid, "parked")
 
     rec = await get_record(api, eid)
-    assert rec["parked"] == {"reason": "poison", "step": None}, rec
+    assert rec["parked"] == {"reason": "poison", "step": None, "divergence": None}, rec
     assert rec["blockedBy"] == POISON, rec
     assert (rec["unacknowledgedDeliveries"], rec["token"], rec["lease"]) == (MAX, MAX, None), rec
     assert deliveries(eid) == ["delivery-1", "delivery-2", "delivery-3"]
