@@ -154,6 +154,19 @@ async def test_deprecate_patch_replays_both_kinds_and_removing_it_parks_only_mar
     assert vf.calls(marked[1], "c") == 0
 
 
+async def test_patched_asked_twice_for_one_change_answers_the_same_each_time(
+        store, pool, worker):
+    eid = await admit(store, "ver-sdk-patch-twice", "patch-twice")
+    record = await wait_status(store, eid, "suspended", "failed")
+    assert record["status"] == "suspended", record["outcome"]
+    await wake(store, pool, eid, "nap")  # and a replay of both asks
+
+    record = await wait_status(store, eid, "completed", "failed")
+
+    assert record["outcome"] == {"result": [[True, "item-0"], [True, "item-1"]]}, record
+    assert vf.ran(eid) == ["item-0", "item-1"]
+
+
 # ------------------------------------------------------------ nondeterminism
 
 

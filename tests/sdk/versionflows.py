@@ -171,3 +171,16 @@ async def signalled(ctx: WorkflowContext, p: Any) -> dict:
     await ctx.sleep("nap", HOUR)
     await ctx.step("c", note, eid, "c")
     return {"payload": payload}
+
+
+@workflow("ver-sdk-patch-twice")
+async def patch_twice(ctx: WorkflowContext, p: Any) -> list:
+    """One change asked about at two points (a loop's body patched): each ask
+    answers the same as the first."""
+    eid = ctx.execution_id
+    out = []
+    for i in range(2):
+        decision = await ctx.patched("loop")
+        out.append([decision, await ctx.step(f"item-{i}", note, eid, f"item-{i}")])
+    await ctx.sleep("nap", HOUR)
+    return out
