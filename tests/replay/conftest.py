@@ -31,7 +31,7 @@ from tests.support.waiting import wait_until
 from tests.support.workers import InProcessWorkers
 
 WORKFLOWS = load_workflows(["tests.replay.flows"])
-assert sorted(WORKFLOWS) == ["rp-child", "rp-order", "rp-short", "rp-signal"], sorted(WORKFLOWS)
+assert sorted(WORKFLOWS) == ["rp-child", "rp-gather", "rp-order", "rp-short", "rp-signal"], sorted(WORKFLOWS)
 
 
 def definition(code: Callable) -> WorkflowDefinition:

@@ -3,6 +3,7 @@ replay tests check (IDs prefixed `rp-`); `rp-order` is variants.recorded."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from app.sdk import WorkflowContext, workflow
@@ -31,3 +32,10 @@ async def signalled(ctx: WorkflowContext, params: dict) -> Any:
     first = await ctx.wait_for_signal("go")
     second = await ctx.wait_for_signal("again", timeout=3600)
     return [first, second]
+
+
+@workflow("rp-gather")
+async def gathered(ctx: WorkflowContext, params: dict) -> Any:
+    both = await asyncio.gather(ctx.step("left", wrap), ctx.step("right", wrap))
+    await ctx.sleep("nap", 3600)
+    return both

@@ -6,6 +6,7 @@ child start runs while the code replays."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 from app.replay import HistoryFormatError, replay
 from tests.replay import variants
 from tests.replay.conftest import WORKFLOWS, definition
+from tests.replay.steps import reserve, wrap
 from tests.support.admission import admit
 from tests.support.waiting import wait_until
 
@@ -173,8 +175,6 @@ async def test_signal_waits_replay_and_a_pending_signal_is_not_consumed(store, p
 
 
 async def test_code_that_raises_before_recorded_steps_does_not_fit(recorded, armed) -> None:
-    from tests.replay.steps import reserve
-
     async def raises_early(ctx, params):
         await ctx.step("reserve", reserve, params.get("n", 1))
         raise RuntimeError("a new validation")
@@ -186,4 +186,34 @@ async def test_code_that_raises_before_recorded_steps_does_not_fit(recorded, arm
     assert (found["position"], found["recorded"], found["asked"]) == (1, "charge", None)
     assert "the code raised RuntimeError before asking for recorded step 'charge'" in \
         found["message"]
+    assert armed == []
+
+
+async def test_concurrent_branches_replay_and_a_new_branch_is_the_frontier(store, workers,
+                                                                           armed) -> None:
+    await workers.start()
+    await admit(store, "rp-gather", "c-1")
+
+    async def napping() -> bool:
+        record = await store.history.get("c-1")
+        return record["status"] == "suspended" and (record["waiting_on"] or {}).get("sleep")
+
+    await wait_until(napping, timeout=20, what="c-1 sleeps")
+    await workers.stop_all()
+    history = await store.exports.export("c-1")
+    # Branches' asks have no position; the sleep after the join is position 0.
+    assert [(s["key"], s["position"]) for s in history["steps"]][0] == ("nap", 0)
+    assert sorted(s["key"] for s in history["steps"][1:]) == ["left", "right"]
+    report = await replay(WORKFLOWS["rp-gather"], history, WORKFLOWS)
+    # A recorded sleep is due in a replay: the code goes on past it (and returns).
+    assert (report.ok, report.end, report.replayed) == (True, "returned", 3)
+
+    async def third_branch(ctx, params):
+        await asyncio.gather(ctx.step("left", wrap), ctx.step("right", wrap),
+                             ctx.step("middle", wrap))
+        await ctx.sleep("nap", 3600)
+
+    changed = dataclasses.replace(WORKFLOWS["rp-gather"], fn=third_branch)
+    report = await replay(changed, history, WORKFLOWS)
+    assert (report.ok, report.end) == (True, "frontier")
     assert armed == []
