@@ -216,6 +216,10 @@ class WorkerView(Camel):
     host: str
     pid: int
     workflows: list[str]
+    versions: dict[str, str | None] = Field(
+        description="The code version it carries of each workflow: it runs the executions "
+        "admitted under that version, and those admitted without one. A workflow missing "
+        "here or null: unversioned (it runs only executions admitted without a version).")
     concurrency: int
     capacity: int = Field(description="Most deliveries it runs at once (its --concurrency).")
     leases_held: int = Field(description="Executions it holds an unexpired lease on.")
@@ -241,7 +245,8 @@ class WorkerList(Camel):
 def worker_view(row: WorkerRecord, maintenance_roles: list[str]) -> dict:
     return {
         "workerId": row["worker_id"], "host": row["host"], "pid": row["pid"],
-        "workflows": row["workflows"], "concurrency": row["concurrency"],
+        "workflows": row["workflows"], "versions": row["versions"],
+        "concurrency": row["concurrency"],
         "capacity": row["concurrency"], "leasesHeld": row["leases_held"],
         "inFlight": row["in_flight"],
         "startedAt": row["started_at"], "heartbeatAt": row["heartbeat_at"],

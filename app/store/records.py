@@ -257,6 +257,7 @@ class WorkerRecord(TypedDict):
     host: str
     pid: int
     workflows: list[str]
+    versions: dict[str, str | None]
     concurrency: int
     started_at: datetime
     heartbeat_at: datetime

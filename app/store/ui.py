@@ -130,7 +130,8 @@ class Dashboard(StoreObject):
                             limit: int = 20) -> list[DashboardExecution]:
         """The queue's due executions in the order the claim takes them
         (priority, then due time), each with `blocked_reason` (app/blocked.py's
-        rule: due, no-worker, or what of the queue holds it back)."""
+        rule: due, no-worker, no-worker-for-version, or what of the queue
+        holds it back)."""
         rows = await self.db.fetch(
             f"""
             WITH {QUEUE_STATE_CTES}
@@ -141,7 +142,7 @@ class Dashboard(StoreObject):
                         AND due_at <= now()) r
                 {queue_state_joins("r", "q", "k")}
             ) w
-            WHERE w.blocked_reason IN ('due', 'no-worker', {_HELD_BACK})
+            WHERE w.blocked_reason IN ('due', 'no-worker', 'no-worker-for-version', {_HELD_BACK})
             ORDER BY w.priority, w.due_at, w.execution_id
             LIMIT $5
             """,

@@ -58,10 +58,12 @@ class Workers(StoreObject):
 
     async def list_workers(self, *, stale_after_seconds: float, recent_seconds: float = 3600) -> list[WorkerRecord]:
         """Live workers (heartbeat within `stale_after_seconds`, not stopped)
-        and those that stopped or went silent within `recent_seconds`."""
+        and those that stopped or went silent within `recent_seconds`, each
+        with the code version it carries of each workflow (`versions`:
+        {workflow: version or null}; a workflow not in it: unversioned)."""
         rows = await self.db.fetch(
             """
-            SELECT w.worker_id, w.host, w.pid, w.workflows, w.concurrency, w.started_at,
+            SELECT w.worker_id, w.host, w.pid, w.workflows, w.versions, w.concurrency, w.started_at,
                    w.heartbeat_at, w.stopped_at,
                    (w.stopped_at IS NULL
                     AND w.heartbeat_at > now() - make_interval(secs => $1)) AS alive,

@@ -153,3 +153,19 @@ async def test_an_unversioned_execution_page_says_so(
     page = await api.get("/ui/executions/plain-1")
     assert page.status_code == 200, page.text
     assert "none (unversioned" in page.text
+
+
+async def test_the_queues_page_lists_what_only_another_version_could_run(
+        store: ExecutionStore) -> None:
+    # The Queues page's waiting list shows the due executions the claim would
+    # not take and why: one no live worker carries the version of included.
+    await store.workers.register_worker("w-v2", host="t", pid=1, workflows=["op-q"],
+                                        concurrency=1, versions={"op-q": "v2"})
+    await admit(store, "op-q", "q-v1", code_version="v1")
+    await admit(store, "op-q", "q-v2", code_version="v2")
+    live = await store.history.live_workflow_ids(60)
+
+    waiting = await store.dashboard.queue_waiting("default", live_workflows=live)
+
+    assert {r["execution_id"]: r["blocked_reason"] for r in waiting} == {
+        "q-v1": "no-worker-for-version", "q-v2": "due"}
