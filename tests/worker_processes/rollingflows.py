@@ -4,10 +4,13 @@ tests.worker_processes.rollingflows`), run by real `fencepost worker` and
 at import from ROLL_CODE_VERSION (default "1"), as a deploy ships new code:
 `roll-deploy` is versioned with it, `roll-any` is unversioned. Every step
 returns the version and pid of the process that ran it, so the recorded
-values name the code that ran each step."""
+values name the code that ran each step. A process started with
+ROLL_BLOCK_SECONDS blocks that long in every step it runs (a worker to kill
+while it holds a lease)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -17,6 +20,7 @@ CODE_VERSION = os.environ.get("ROLL_CODE_VERSION", "1")
 
 
 async def ran_here(step: str) -> dict:
+    await asyncio.sleep(float(os.environ.get("ROLL_BLOCK_SECONDS", "0")))
     return {"step": step, "version": CODE_VERSION, "pid": os.getpid()}
 
 

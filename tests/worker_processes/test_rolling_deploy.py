@@ -42,17 +42,17 @@ class RollingHarness(Harness):
     flows_module = FLOWS
     worker_prefix = "roll"
 
-    def spawn_version(self, name: str, version: str) -> WorkerProcess:
+    def spawn_version(self, name: str, version: str, **env: str) -> WorkerProcess:
         """A worker process whose code carries `version` of roll-deploy."""
         w = spawn_worker(
             name, database_url=self.database_url, flows_module=FLOWS, log_dir=self.log_dir,
             worker_id=f"roll-v{version}-{name}", concurrency=4, settings=DEFAULT_SETTINGS,
-            extra_env={"ROLL_CODE_VERSION": version})
+            extra_env={"ROLL_CODE_VERSION": version, **env})
         self.workers.append(w)
         return w
 
-    async def start_version(self, name: str, version: str) -> WorkerProcess:
-        w = self.spawn_version(name, version)
+    async def start_version(self, name: str, version: str, **env: str) -> WorkerProcess:
+        w = self.spawn_version(name, version, **env)
         await self.wait_registered(w)
         return w
 
@@ -202,4 +202,56 @@ async def test_rolling_deploy_routes_executions_by_the_code_version_they_started
     for w in (*v2, again):
         w.signal(signal.SIGTERM)
     for w in (*v2, again):
+        assert await w.wait_exit(10) == 0, w.log()
+
+
+@pytest.mark.timeout(120)
+async def test_an_expired_v1_lease_is_taken_over_by_a_v1_worker_only(
+        roll: RollingHarness) -> None:
+    """A v1 worker killed inside a step leaves its lease to expire; a v2
+    worker polling all along never takes the execution over (its blockedBy
+    reads no-worker-for-version), a v1 worker started later does."""
+    h = roll
+    doomed = await h.start_version("A", "1", ROLL_BLOCK_SECONDS="60")
+    v2 = await h.start_version("B", "2")
+    await h.store.admissions.admit(workflow_id="roll-deploy", params={},
+                                   execution_id="held", code_version="1")
+    await h.wait_for(lambda: h.has_status("held", "running"), timeout=20,
+                     what="A inside the first step")
+    assert await claimers(h, "held") == [doomed.worker_id]
+
+    doomed.signal(signal.SIGKILL)
+    assert await doomed.wait_exit(5) == -signal.SIGKILL
+    # The lease (2 s) runs out; then a later v2 admission is claimed, so v2
+    # polled after the expiry, and the expired one is still A's alone.
+    async def expired() -> bool:
+        return bool(await h.pool.fetchval(
+            "SELECT lease_expires_at < now() - interval '0.5 second' FROM executions "
+            "WHERE execution_id = 'held'"))
+
+    await h.wait_for(expired, timeout=10, what="A's lease expired")
+    await h.store.admissions.admit(workflow_id="roll-deploy", params={},
+                                   execution_id="later", code_version="2")
+    await h.wait_for(lambda: waiting_for_go(h, ["later"]), timeout=20, what="later claimed")
+    assert await claimers(h, "held") == [doomed.worker_id]
+    rec = await h.record("held")
+    # Healed (as the reaper will leave it): due again, and nobody took it.
+    assert rec["status"] == "admitted" and rec["unacknowledged_deliveries"] == 1, rec
+    api = await h.api("2").wait_ready()
+    try:
+        async with httpx.AsyncClient(base_url=api.base, timeout=30) as c:
+            blocked = (await c.get("/v1/executions/held")).json()["blockedBy"]
+    finally:
+        api.stop()
+    assert (blocked["reason"], blocked["version"]) == ("no-worker-for-version", "1"), blocked
+
+    again = await h.start_version("C", "1")
+    await h.wait_for(lambda: waiting_for_go(h, ["held"]), timeout=20,
+                     what="C took it over")
+    assert await claimers(h, "held") == [doomed.worker_id, again.worker_id]
+    first = (await h.steps("held"))[0]
+    assert first["step_key"] == "first" and first["value"]["pid"] == again.pid
+    for w in (v2, again):
+        w.signal(signal.SIGTERM)
+    for w in (v2, again):
         assert await w.wait_exit(10) == 0, w.log()
