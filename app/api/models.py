@@ -196,12 +196,12 @@ class ExecutionSummary(Camel):
         "reads no-worker-for-version {workflowId, version, since}; no live worker running "
         "the workflow at all reads no-worker.",
     )
-
-
-class ExecutionRecord(ExecutionSummary):
     code_version: str | None = Field(
         None, description="The workflow's `version=` when this execution was admitted."
     )
+
+
+class ExecutionRecord(ExecutionSummary):
     params: Any
     context: dict[str, Any]
     outcome: dict[str, Any] | None = Field(
@@ -310,13 +310,13 @@ def summary(row: HealedExecution, live_workflows: set[str] | None = None) -> dic
         "concurrencyKey": row["concurrency_key"],
         "priority": row["priority"],
         "blockedBy": blocked_by(row, live_workflows),
+        "codeVersion": row["code_version"],
     }
 
 
 def record(row: HealedExecution, live_workflows: set[str] | None = None) -> dict:
     return {
         **summary(row, live_workflows),
-        "codeVersion": row["code_version"],
         "params": row["params"],
         "context": row["context"],
         "outcome": row["outcome"],

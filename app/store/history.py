@@ -98,6 +98,7 @@ class History(StoreObject):
         *,
         status: str | None = None,
         workflow_id: str | None = None,
+        code_version: str | None = None,
         min_unacknowledged_deliveries: int | None = None,
         cursor: str | None = None,
         limit: int = 50,
@@ -124,6 +125,8 @@ class History(StoreObject):
         inner: builtins.list[str] = []
         if workflow_id is not None:
             inner.append(f"workflow_id = {arg(workflow_id)}")
+        if code_version is not None:
+            inner.append(f"code_version = {arg(code_version)}")
         if admitted_by is not None:
             inner.append(f"admitted_by = {arg(admitted_by)}")
         if parent_execution_id is not None:

@@ -304,3 +304,33 @@ async def test_limit_bounds_are_inclusive(client):
     for limit in (1, 500):
         r = await client.get("/v1/executions", params={"limit": limit})
         assert r.status_code == 200, r.text
+
+
+async def test_code_version_filter_lists_a_workflows_executions_of_one_version(client, store):
+    # Which executions of a workflow are still on the old code (before its
+    # workers are stopped): codeVersion, with workflowId (whose index serves it).
+    from tests.support.admission import admit
+    await admit(store, "alpha", "v1-a", code_version="1")
+    await admit(store, "alpha", "v2-a", code_version="2")
+    await admit(store, "alpha", "none-a")
+    await admit(store, "beta", "v1-b", code_version="1")
+
+    async def ids(**query) -> set[str]:
+        seen, _ = await list_all(client, query)
+        return {e["executionId"] for e in seen}
+
+    assert await ids(workflowId="alpha", codeVersion="1") == {"v1-a"}
+    assert await ids(workflowId="alpha", codeVersion="2") == {"v2-a"}
+    assert await ids(workflowId="beta", codeVersion="1") == {"v1-b"}
+    assert await ids(workflowId="alpha", codeVersion="3") == set()
+    summary = (await client.get("/v1/executions", params={"workflowId": "alpha",
+                                                          "codeVersion": "1"})).json()
+    assert [e["codeVersion"] for e in summary["executions"]] == ["1"]
+
+
+@pytest.mark.parametrize("query", ["codeVersion=1", "workflowId=alpha&codeVersion=",
+                                   "workflowId=alpha&codeVersion=" + "v" * 201,
+                                   "workflowId=alpha&codeVersion=%00"])
+async def test_invalid_code_version_filter_is_422(client, query):
+    error = assert_error(await client.get(f"/v1/executions?{query}"), 422, "INVALID_REQUEST")
+    assert "codeVersion" in error["message"], error

@@ -260,6 +260,9 @@ async def list_executions(
     principal: Reader,
     status: Annotated[Status | None, Query()] = None,
     workflow_id: Annotated[str | None, Query(alias="workflowId", pattern=ID_PATTERN)] = None,
+    code_version: Annotated[str | None, Query(
+        alias="codeVersion", min_length=1, max_length=200,
+        description="only executions admitted under this code version (with workflowId)")] = None,
     min_unacknowledged_deliveries: Annotated[
         int | None, Query(alias="minUnacknowledgedDeliveries", ge=0, le=2**31 - 1)
     ] = None,
@@ -279,6 +282,10 @@ async def list_executions(
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ):
+    if code_version is not None and (workflow_id is None or _UNSTORABLE_TEXT.search(code_version)):
+        raise ApiError(422, "INVALID_REQUEST",
+                       "codeVersion filters one workflow's executions: give workflowId too, "
+                       "and a version without NUL or lone surrogates")
     for name, moment in (("admittedAfter", admitted_after), ("admittedBefore", admitted_before)):
         if moment is None:
             continue
@@ -313,6 +320,7 @@ async def list_executions(
         blocked_by=blocked_by.value if blocked_by is not None else None, live_workflows=live,
         status=status,
         workflow_id=workflow_id,
+        code_version=code_version,
         min_unacknowledged_deliveries=min_unacknowledged_deliveries,
         cursor=cursor,
         limit=limit,
