@@ -160,14 +160,15 @@ async def move_versions(request: Request, store: StoreDep, settings: SettingsDep
     responses={**ERRORS,
                404: documented("EXECUTION_NOT_FOUND"),
                409: documented("REPLAY_DIVERGES / REPLAY_CHECK_UNAVAILABLE / "
-                               "EXECUTION_RUNNING / EXECUTION_ENDED / EXECUTION_CHANGED: the "
-                               "history does not fit the target code (`divergence` says "
-                               "where) / this API does not carry the target version (check "
-                               "with `fencepost replay`, then force) / a delivery holds it "
-                               "(retry when it ends) / it ended / it changed during the check "
-                               "(retry). Should the check itself fail to run on a history, "
-                               "the refusal is REPLAY_CHECK_FAILED (run `fencepost replay` "
-                               "to see why)")},
+                               "EXECUTION_RUNNING / EXECUTION_ENDED: the history does not fit "
+                               "the target code (`divergence` says where) / this API does not "
+                               "carry the target version (check with `fencepost replay`, then "
+                               "force) / a delivery holds it (retry when it ends) / it ended. "
+                               "Two more answer a race or a fault, not the request: "
+                               "EXECUTION_CHANGED (a delivery or an operator decision came "
+                               "between the check and the move: send it again) and "
+                               "REPLAY_CHECK_FAILED (the check could not run on the history: "
+                               "run `fencepost replay` to see why)")},
 )
 async def move_version(execution_id: str, request: Request, store: StoreDep,
                        settings: SettingsDep, principal: Operator):
