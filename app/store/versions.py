@@ -6,11 +6,12 @@ A move is read, checked, then written:
   execution's `Seen`: token, redrive count, status);
 - the caller exports the history and replays it against the new code;
 - `move` is one statement that changes the version only if the execution is
-  still as seen. Every change to an unended execution's history either
-  claims it (the token grows), follows an operator decision on a parked
-  one (its status changes) or a redrive (the redrive count grows), so an
-  unchanged `Seen` means the history the check replayed is the history the
-  new code will replay.
+  still as seen, and nobody holds it. While nobody holds it (status not
+  `running`), every change to its history first claims it (the token
+  grows), follows an operator decision on a parked one (its status
+  changes) or a redrive (the redrive count grows), so an unchanged `Seen`
+  means the history the check replayed is the history the new code will
+  replay.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from app.store.types import NOTIFY_CHANNEL, TERMINAL_SQL
 MoveAnswer = Literal["moved", "not_found", "ended", "running", "changed"]
 # A filter value meaning "any code version" (None is "unversioned").
 ANY_VERSION = object()
-# What moves and how many ask a check at once are bounded by the caller;
-# a candidate read never returns more than this.
+# A bulk move checks each execution within one request: at most this many.
 MAX_CANDIDATES = 1000
 
 
