@@ -91,3 +91,27 @@ async def test_resume_takes_nondeterminism_and_poison_not_outcome_unknown(store)
     await admit(store, "q7")
     await park(store, "q7", "outcome_unknown", "charge")
     assert await store.operator.resume("q7", "ops") == ("not_parked", "parked")
+
+
+async def test_a_move_is_refused_when_an_operator_changed_the_execution_since_the_check(
+        store) -> None:
+    """Changes without a claim are seen too: an end and a redrive between
+    the check and the move leave token and status as they were, but not the
+    redrive count; a resume leaves the token but not the status."""
+    await admit(store, "q8")
+    seen = await store.versions.target("q8")
+    await store.operator.terminate("q8", "ops")
+    answer, _ = await store.redrives.redrive("q8", "ops")
+    assert answer == "redriven"
+    after = await store.versions.target("q8")
+    assert (after.token, after.status) == (seen.token, seen.status)
+    assert await store.versions.move("q8", "2", by="t", check="passed", seen=seen) == (
+        "changed", None)
+    await admit(store, "q9")
+    await park(store, "q9", "poison")
+    seen = await store.versions.target("q9")
+    await store.operator.resume("q9", "ops")
+    assert await store.versions.move("q9", "2", by="t", check="passed", seen=seen) == (
+        "changed", None)
+    assert (await store.history.get("q8"))["code_version"] == "1"
+    assert (await store.history.get("q9"))["code_version"] == "1"
