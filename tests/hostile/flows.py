@@ -2,7 +2,9 @@
 model (422 INVALID_PARAMS) and a registry (404 WORKFLOW_NOT_FOUND); no worker
 runs it; nor `hostile-keyed`, whose concurrency key (params' `customer`)
 cannot be a list (422 INVALID_CONCURRENCY_KEY). `hostile-outage` is run by an in-process worker across a Postgres
-outage."""
+outage. `hostile-versioned` is version "2" of code whose version "1" asked
+for `reserve` first: the replay check refuses to move a version 1 history
+to it (409 REPLAY_DIVERGES)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,10 @@ async def hostile_outage(ctx: WorkflowContext, params: dict) -> dict:
     first = await ctx.step("first", _gated if params.get("gated") else _plain, ctx.execution_id)
     second = await ctx.step("second", _plain, ctx.execution_id)
     return {"first": first, "second": second}
+
+
+@workflow("hostile-versioned", version="2")
+async def hostile_versioned(ctx: WorkflowContext, params: dict) -> None:
+    # A step inserted before the first one version "1" asked for.
+    await ctx.step("check", _plain, ctx.execution_id)
+    await ctx.step("reserve", _plain, ctx.execution_id)

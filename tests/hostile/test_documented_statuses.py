@@ -25,7 +25,9 @@ import pytest_asyncio
 from app.api.app import create_app
 from app.registry import load_workflows
 from app.settings import Settings
+from app.store import ExecutionStore
 from tests.hostile.conftest import Seeded, hostile_settings, make_tokens, seed
+from tests.support.admission import admit
 from tests.support.responses import assert_error
 
 STATEMENT_TIMEOUT = 0.3
@@ -140,7 +142,7 @@ def probes(s: Seeded) -> list[Probe]:
         P("GET", one, 422, "INVALID_REQUEST", "read", pending, {"params": {"waitSeconds": 61}}),
     ]
     for tail, bad_query in (("/events", {"after": -1}), ("/steps", {"includeValues": "maybe"}),
-                            ("/late-observations", {"after": -1})):
+                            ("/late-observations", {"after": -1}), ("/history", {})):
         history = {"execution_id": s.with_history}
         out += [
             P("GET", one + tail, 200, None, "read", history),
@@ -167,6 +169,8 @@ def probes(s: Seeded) -> list[Probe]:
         ]
 
     sig = {**pending, "name": "go"}
+    mv, moves = f"{one}/version", "/v1/version-moves"
+    to_9_forced = {"json": {"to": "9", "force": True}}
     unknown = {"execution_id": s.unknown, "step_key": s.unknown_step}
     out += [
         P("POST", wakes, 200, None, "trigger", {"execution_id": "mine"}),
@@ -254,6 +258,24 @@ def probes(s: Seeded) -> list[Probe]:
         P("POST", resume, 409, "EXECUTION_NOT_PARKED", "operate", pending),
         P("POST", resume, 422, "INVALID_REQUEST", "operate", pending, {"json": {"by": 5}}),
         *body_errors(resume, pending),
+        # Moving executions to another code version: the API carries no
+        # seed-wf (the check cannot run: force), hostile-versioned's version 2.
+        P("POST", mv, 200, None, "operate", pending, to_9_forced),
+        P("POST", mv, 404, "EXECUTION_NOT_FOUND", "operate", ghost, to_9_forced),
+        P("POST", mv, 409, "REPLAY_CHECK_UNAVAILABLE", "operate", pending,
+          {"json": {"to": "9"}}),
+        P("POST", mv, 409, "EXECUTION_RUNNING", "operate", {"execution_id": s.running},
+          to_9_forced),
+        P("POST", mv, 409, "EXECUTION_ENDED", "operate", done, to_9_forced),
+        P("POST", mv, 409, "REPLAY_DIVERGES", "operate", {"execution_id": DIVERGENT},
+          {"json": {"to": "2"}}),
+        P("POST", mv, 422, "INVALID_REQUEST", "operate", pending, {"json": {"to": ""}}),
+        *body_errors(mv, pending),
+        P("POST", moves, 200, None, "operate",
+          kw={"json": {"to": "9", "force": True, "filter": {"workflowId": "seed-wf"}}}),
+        P("POST", moves, 422, "INVALID_REQUEST", "operate",
+          kw={"json": {"to": "9", "filter": {}}}),
+        *body_errors(moves, {}),
         P("GET", "/v1/workers", 200, None, "read"),
         P("GET", "/v1/workers", 401, "UNAUTHENTICATED", None),
         P("GET", "/v1/workers", 403, "FORBIDDEN", "trigger"),
@@ -270,6 +292,20 @@ def probes(s: Seeded) -> list[Probe]:
 SEEDED_OPERATION = "op-00000000000000aa"
 # A bulk cancel of one execution nobody else uses (to-bulk, inserted in setup).
 BULK = {"action": "cancel", "filter": {"executionIds": ["to-bulk"]}, "reason": "probe"}
+
+# Recorded `reserve` at position 0 under version "1" of hostile-versioned,
+# whose version "2" asks for `check` there (seeded in setup).
+DIVERGENT = "diverges-at-0"
+
+
+async def seed_divergent(pool: asyncpg.Pool, s: Settings) -> None:
+    store = ExecutionStore.from_settings(pool, s)
+    await admit(store, "hostile-versioned", DIVERGENT, code_version="1")
+    [d] = await store.leases.claim_due(1, 30, "seed-worker", ["hostile-versioned"])
+    await store.steps.write_step(d.lease, "reserve", value="reserve", function_name="_plain",
+                                 position=0)
+    await store.leases.acknowledge(d.lease, "suspended")
+
 
 # Admitted by the trigger token in setup.
 TAKEN = {"workflowId": "hostile-refund", "executionId": "taken",
@@ -388,6 +424,7 @@ async def crafted(pool: asyncpg.Pool, settings: Settings) -> AsyncIterator[Craft
                          max_operation_executions=3,
                          body_timeout_seconds=BODY_TIMEOUT)
     seeded = await seed(pool, s)
+    await seed_divergent(pool, s)
     tokens = await make_tokens(pool, s)
     app = create_app(s, workflows=WORKFLOWS)
     async with app.router.lifespan_context(app):
