@@ -678,6 +678,11 @@ class Client:
     def resume_queue(self, name: str) -> dict[str, Any]:
         return _body(self._call("POST", _queue_path(name, "resume")))
 
+    def history(self, execution_id: str) -> dict[str, Any]:
+        """What the replay check reads: the recorded steps in code order
+        (`GET /v1/executions/{id}/history`, format fencepost-history/1)."""
+        return _body(self._call("GET", _path(execution_id, "history")))
+
     def events(self, execution_id: str) -> History:
         """The execution's whole history, oldest first."""
         out: History = []
@@ -826,6 +831,9 @@ class AsyncClient:
 
     async def resume_queue(self, name: str) -> dict[str, Any]:
         return _body(await self._call("POST", _queue_path(name, "resume")))
+
+    async def history(self, execution_id: str) -> dict[str, Any]:
+        return _body(await self._call("GET", _path(execution_id, "history")))
 
     async def events(self, execution_id: str) -> History:
         out: History = []

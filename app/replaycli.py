@@ -32,7 +32,6 @@ from app.opscli import (
     MAX_PAGE,
     URL_VARIABLE,
     ConfigError,
-    _path,
     client_for,
     ids_arg,
 )
@@ -98,7 +97,7 @@ def _from_file(path: str) -> list[dict[str, Any]]:
 
 
 def _history(fp: Client, execution_id: str) -> dict[str, Any]:
-    return check_document(fp._call("GET", _path(execution_id, "history")).json())
+    return check_document(fp.history(execution_id))
 
 
 def _sample(fp: Client, n: int, workflow_ids: list[str]) -> list[str]:

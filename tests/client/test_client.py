@@ -151,6 +151,21 @@ async def test_list_iterates_over_pages_and_events_reads_the_history(server, wor
     assert "page-3" in await asyncio.to_thread(sync_list)
 
 
+async def test_history_reads_what_the_replay_check_reads(server, workers):
+    async with AsyncClient(server.base) as fp:
+        await fp.start("client-echo", {"n": 1}, execution_id="hist-1")
+        await workers.start()
+        await fp.result("hist-1", timeout=30)
+        history = await fp.history("hist-1")
+    assert (history["format"], history["executionId"], history["status"]) == (
+        "fencepost-history/1", "hist-1", "completed")
+
+    def sync_history() -> dict:
+        with Client(server.base) as fp:
+            return fp.history("hist-1")
+    assert await asyncio.to_thread(sync_history) == history
+
+
 class Unavailable:
     """An ASGI wrap: the first `times` requests are answered as the API answers
     when its database is down (503 DATABASE_UNAVAILABLE with Retry-After)."""
