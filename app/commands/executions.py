@@ -98,7 +98,8 @@ async def wake(store, execution_id: str, at: datetime | None = None, *,
 
 
 async def resume(store, execution_id: str, by: str, wording: Wording = API) -> Done:
-    """Make an execution parked as poison due again (its counter is kept)."""
+    """Make an execution parked as poison (its counter is kept) or for
+    nondeterminism due again."""
     check_execution_id(execution_id, wording)
     answer, status = await store.operator.resume(execution_id, by)
     operator_action("resume", by=by, result=answer, execution_id=execution_id)
@@ -106,7 +107,8 @@ async def resume(store, execution_id: str, by: str, wording: Wording = API) -> D
         raise execution_not_found(execution_id, wording)
     if answer == "not_parked":
         raise CommandError(409, "EXECUTION_NOT_PARKED", sentence(
-            f"execution {execution_id!r} is {status}, not parked as poison",
+            f"execution {execution_id!r} is {status}, not parked as poison or for "
+            "nondeterminism",
             wording.resolve_instead), status=status)
     return Done(answer, status)
 

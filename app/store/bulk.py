@@ -218,7 +218,8 @@ class Operations(StoreObject):
                 return None, None
             if resumed == "not_found":
                 return "EXECUTION_NOT_FOUND", f"no execution {eid!r}"
-            return "EXECUTION_NOT_PARKED", f"execution is {status}, not parked as poison"
+            return "EXECUTION_NOT_PARKED", (f"execution is {status}, not parked as poison "
+                                            "or for nondeterminism")
         # resolve: the step the execution is parked on, as the operation says.
         resolution = options.get("resolution") or {}
         step = await conn.fetchval(

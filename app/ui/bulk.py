@@ -26,7 +26,7 @@ router = APIRouter(route_class=UIRoute)
 ACTION_WORDS = {
     "cancel": "cancel each one (as the Cancel button does)",
     "redrive": "redrive each one in place (failed, timed out or cancelled ones)",
-    "resume": "resume each one parked as poison",
+    "resume": "resume each one parked as poison or for nondeterminism",
     "resolve": "resolve each one's parked step with retry: call it again with the same "
                "idempotency key",
 }

@@ -7,7 +7,7 @@
   GET  /ui/executions/{id}/redrive      confirm a redrive     POST: redrive
   GET  /ui/executions/{id}/fork         choose a step to fork from   POST: fork
   POST /ui/executions/{id}/wake         wake now
-  POST /ui/executions/{id}/resume       resume a poison-parked execution
+  POST /ui/executions/{id}/resume       resume one parked as poison or for nondeterminism
   POST /ui/executions/{id}/resolve      review a resolution (confirm=yes: resolve the step)
   GET  /ui/operations                   a bulk operation's form   POST: count or start
   GET  /ui/operations/{id}              its progress              POST .../cancel: stop it

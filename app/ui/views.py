@@ -111,8 +111,10 @@ def explain_blocked(blocked: dict | None, rec: dict) -> Blocked:
                 "than what the history recorded at the same place (a step added, removed, "
                 "renamed or moved without ctx.patched), so no worker continues it: going on "
                 "would run steps out of order.",
-                "Run it on the code version it was admitted under, or guard the change with "
-                "ctx.patched and redeploy; otherwise cancel or terminate it.",
+                "Deploy code that fits its history under its code version (guard the "
+                "change with ctx.patched), then resume it; or move it to a code version "
+                "whose code fits (fencepost executions move-version checks the history "
+                "first); otherwise cancel or terminate it.",
                 short=f"parked: code diverged at “{step}”")
         return Blocked(
             reason, f"Parked as poison after {rec['unacknowledged_deliveries']} deliveries "
@@ -271,6 +273,7 @@ EVENT_WORDS: dict[str, str] = {
     "integrity_conflict": "integrity conflict: a stale holder saw a different result",
     "redriven": "redriven: reopened under the same ID",
     "forked": "forked: a new execution copies its steps",
+    "version_moved": "moved to another code version by an operator",
 }
 
 

@@ -97,8 +97,9 @@ async def test_resuming_a_missing_execution_is_not_found(store) -> None:
 async def test_resuming_what_is_not_parked_is_refused_with_the_surfaces_hint(store) -> None:
     await admit(store, "cmd-wait", "r1")
     e = await refused(commands.resume(store, "r1", "alice"), 409, "EXECUTION_NOT_PARKED")
-    assert e.message == ("execution 'r1' is admitted, not parked as poison; an outcome-unknown "
-                         "step is settled with POST .../steps/{key}/resolve")
+    assert e.message == ("execution 'r1' is admitted, not parked as poison or for "
+                         "nondeterminism; an outcome-unknown step is settled with "
+                         "POST .../steps/{key}/resolve")
     e = await refused(commands.resume(store, "r1", "alice", DASHBOARD), 409,
                       "EXECUTION_NOT_PARKED")
     assert e.message.endswith("an outcome-unknown step is settled by resolving it")
