@@ -2,7 +2,8 @@
 resumable from its page, and the page says what Resume does (due again on
 its own code version, parked again if the code still does not fit) and that
 moving it to another code version is the other way; a move is an event in
-words on the timeline. A poison park keeps its own words."""
+words on the timeline. A poison park keeps its own words. A bulk resume takes
+a nondeterminism park and says why it refuses what is not parked."""
 
 from __future__ import annotations
 
@@ -94,3 +95,30 @@ async def test_a_poison_park_keeps_its_words(open_ui):
     await expect(page.locator("#actions")).to_contain_text(
         "Resume makes it due again; one more unacknowledged delivery parks it again.")
     await expect(page.locator("#resume-hint")).to_have_count(0)
+
+
+async def test_a_bulk_resume_takes_a_nondeterminism_park_and_says_why_not_others(open_ui):
+    ui = await open_ui(worker=False)  # the test carries the operation out, as a worker does
+    await parked_for_nondeterminism(ui.store, "nd-bulk", "v7")
+    await admit(ui.store, "ui-echo", "not-parked", params={})
+    page = await ui.page()
+    await page.goto("/ui/operations")
+    form = page.locator("form.bulk")
+    await expect(form.locator("select[name=action] option[value=resume]")).to_contain_text(
+        "resume each one parked as poison or for nondeterminism")
+    await form.locator("select[name=action]").select_option("resume")
+    await form.locator("textarea[name=executionIds]").fill("nd-bulk not-parked")
+    await page.locator("#count").click()
+    await expect(page.locator("#counted .matched")).to_have_text("2")
+    await page.locator("#start").click()
+    await expect(page.locator("#op-status")).to_have_text("running")
+    assert await ui.store.operations.run_operation_batch() == 2
+    await expect(page.locator("#op-status")).to_have_text("completed", timeout=10_000)
+    await expect(page.locator("#op-failed")).to_have_text("1")
+    failures = page.locator("table.failures tbody tr")
+    await expect(failures).to_have_count(1)
+    await expect(failures.first).to_contain_text("not-parked")
+    await expect(failures.first).to_contain_text("EXECUTION_NOT_PARKED")
+    await expect(failures.first).to_contain_text(
+        "execution is admitted, not parked as poison or for nondeterminism")
+    assert await status_of(ui.store, "nd-bulk") == ("admitted", None)
