@@ -85,8 +85,12 @@ class ReplayContext(WorkflowContext):
     def _gate(self, *, wait: bool = False) -> None:
         # Every ctx call reaches _gate only after the history did not answer
         # it: this is where a delivery would run, record or wait for
-        # something new.
+        # something new - or, with a cancel or deadline known and history
+        # left (its cleanup's steps), where the delivery raised it.
         self._live()
+        if self.interrupt and (wait or not self._interrupt_raised) \
+                and any(k not in self._used for k in self._history):
+            super()._gate(wait=wait)
         self.frontier = True
         raise _Frontier("the code asks for something the history does not hold")
 
@@ -103,10 +107,13 @@ class ReplayContext(WorkflowContext):
 
     async def _timer_due_at(self, key: str, *, delay: float | None = None,
                             until: datetime | None = None,
-                            generated: bool = False) -> datetime | None:
+                            generated: bool = False,
+                            taken: StepRecord | None = None) -> datetime | None:
         # A recorded timer is due: the code goes on past it, and if the
-        # history ends there, the next ask is the frontier.
-        if self._take(key, "sleep", generated=generated) is None:
+        # history ends there, the next ask is the frontier. (Had a cancel
+        # been raised at it, the next ask meets the cleanup's first recorded
+        # step at its position, and the cancel is raised there: see _take.)
+        if taken is None and self._take(key, "sleep", generated=generated) is None:
             self._gate(wait=True)
         return None
 
@@ -147,20 +154,11 @@ def _delivery(document: dict[str, Any]) -> Delivery:
         workflow_id=document["workflowId"], params=document.get("params"),
         context=document.get("context") or {}, status_before=document.get("status") or "",
         outcome=None, unacknowledged_deliveries=0, deadline=None,
-        code_version=document.get("codeVersion"), claimed_at=now)
-
-
-def _unreached_after_raise(ctx: ReplayContext, exc: BaseException) -> dict[str, Any] | None:
-    """The code raised with recorded steps left: the history went further
-    than this code does, so the code no longer fits it (a worker would end
-    the execution here instead of going on)."""
-    found = ctx.divergence_at_end()
-    if found is None:
-        return None
-    return divergence(found["position"], found["recorded"], None,
-                      f"the code raised {type(exc).__name__} before asking for recorded step "
-                      f"{found['recorded']!r} (recorded steps {ctx.unreached_steps()} were not "
-                      "reached)")
+        code_version=document.get("codeVersion"), claimed_at=now,
+        # A cancel or deadline the execution met: raised where the history
+        # shows its cleanup began, as the delivery raised it.
+        interrupt=document.get("interrupt") if document.get("interrupt") in (
+            "cancel", "deadline") else None)
 
 
 async def replay(definition: WorkflowDefinition, history: dict[str, Any],
@@ -205,8 +203,7 @@ async def replay(definition: WorkflowDefinition, history: dict[str, Any],
             return report(False, ctx.replayed, end, ctx.diverged)
         if end == FRONTIER:
             return report(True, ctx.replayed, end, None)
-        found = (_unreached_after_raise(ctx, raised) if raised is not None
-                 else ctx.divergence_at_end())
+        found = ctx.divergence_at_end(raised)
         return report(found is None, ctx.replayed, end, found)
 
     return await asyncio.create_task(run(), name=f"replay {execution_id}")

@@ -318,6 +318,8 @@ class WorkflowContext:
             r.position: k for k, r in steps.items() if r.position is not None}
         self._history = frozenset(steps)
         self.diverged: dict[str, Any] | None = None
+        # Each patch's decision in this run (a patched loop body asks again).
+        self._patches: dict[str, bool] = {}
         try:
             self._task: asyncio.Task[Any] | None = asyncio.current_task()
         except RuntimeError:
@@ -712,6 +714,11 @@ class WorkflowContext:
         fname = signal_function_name(name, with_sender)
         timer_key = f"{key}:timeout"
         recorded = self._take(key, fname, generated=generated)
+        # A timeout timer an earlier delivery recorded was asked for right
+        # after the wait: taken here, at that position, before anything can
+        # be raised into the code (a cancel's cleanup asks come after it).
+        timer = (self._take(timer_key, "sleep", generated=True)
+                 if timer_key in self._steps else None)
         if recorded is None:
             self._gate()
             recorded = await self._fenced(
@@ -719,16 +726,13 @@ class WorkflowContext:
                                                    position=self._positions.get(key)), key)
         if recorded is not None:
             self.notice(recorded.interrupt)
-            # The timeout timer, recorded by an earlier delivery, is settled
-            # too; taken here, at the position it was recorded at.
-            if timer_key in self._steps:
-                self._take(timer_key, "sleep", generated=True)
             self._steps[key] = recorded
             return self._replay_signal(recorded, name, with_sender)
         wake_at = None
         if timeout is not None:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            wake_at = await self._timer_due_at(timer_key, delay=seconds, generated=generated)
+            wake_at = await self._timer_due_at(timer_key, delay=seconds, generated=generated,
+                                               taken=timer)
             if wake_at is None:  # the timeout has passed
                 error = {"name": "SignalTimeout", "message": f"no signal {name!r} arrived in time"}
                 return self._replay_signal(await self._record(key, fname, 1, error=error), name,
@@ -762,19 +766,34 @@ class WorkflowContext:
         if position is None:
             return recorded
         there = self._recorded_at.get(position)
+        moved = recorded is not None and recorded.position not in (None, position)
+        if ((there is not None and there != key) or moved) \
+                and self.interrupt and not self._interrupt_raised:
+            # With a cancel or deadline pending and not raised yet, a history
+            # that goes elsewhere from here is the cleanup that followed it
+            # being raised at this point (at a step's write, or at a wait a
+            # replay finds due): raise it here, as this ask never happened.
+            self._unask(key)
+            self._gate()
         if there is not None and there != key:
             self._diverge(divergence(
                 position, there, key,
                 f"at position {position} the history recorded step {there!r}, but the code "
                 f"now asks for {key!r} there (a step was inserted, removed or reordered)"))
-        if recorded is not None and recorded.position is not None \
-                and recorded.position != position:
+        if moved:
+            assert recorded is not None and recorded.position is not None
             self._diverge(divergence(
                 position, None, key,
                 f"step {key!r} was recorded at position {recorded.position}, but the code now "
                 f"reaches it at position {position} (steps before it were inserted, removed "
                 "or reordered)"))
         return recorded
+
+    def _unask(self, key: str) -> None:
+        """Take back the latest ask (`key`), as if the code never made it."""
+        self._used.discard(key)
+        if self._positions.pop(key, None) is not None:
+            self._asks -= 1
 
     def _ask(self, key: str) -> int | None:
         """Number this ask in the code's order (None: from a concurrent branch)."""
@@ -791,17 +810,19 @@ class WorkflowContext:
             self.diverged = found
         raise Nondeterminism(self.diverged)
 
-    def divergence_at_end(self) -> dict[str, Any] | None:
-        """When the code has returned: the first recorded step it never asked
-        for (by recorded position), as a divergence; None when all were."""
+    def divergence_at_end(self, raised: BaseException | None = None) -> dict[str, Any] | None:
+        """When the code has ended (returned, or `raised`): the first recorded
+        step it never asked for (by recorded position), as a divergence - the
+        history went further than this code does; None when all were asked."""
         unreached = self.unreached_steps()
         if not unreached:
             return None
         first = min(unreached, key=lambda k: (self._steps[k].position is None,
                                               self._steps[k].position or 0, k))
+        ended = "returned" if raised is None else f"raised {type(raised).__name__}"
         return divergence(
             self._steps[first].position, first, None,
-            f"recorded steps {unreached} were not reached: the code returned without asking "
+            f"recorded steps {unreached} were not reached: the code {ended} without asking "
             f"for {first!r} (a step was removed, or is now skipped)")
 
     # ---------------------------------------------------------------- patches
@@ -817,14 +838,18 @@ class WorkflowContext:
         none with it is left, plain `new()`."""
         self._live()
         key = _patch_key(change_id)
+        if change_id in self._patches:  # asked again in this run: the same answer
+            return self._patches[change_id]
         if key in self._steps:
             self._take(key, "patch", generated=True)
-            return True
-        if any(k not in self._used for k in self._history):
-            return False  # the history went past this point without the patch
-        self._take(key, "patch", generated=True)
-        self._gate()
-        self._settled(await self._record(key, "patch", 1, value=True))
+        elif any(k not in self._used for k in self._history):
+            self._patches[change_id] = False  # the history went past here without it
+            return False
+        else:
+            self._take(key, "patch", generated=True)
+            self._gate()
+            self._settled(await self._record(key, "patch", 1, value=True))
+        self._patches[change_id] = True
         return True
 
     def deprecate_patch(self, change_id: str) -> None:
@@ -834,7 +859,7 @@ class WorkflowContext:
         for new ones."""
         self._live()
         key = _patch_key(change_id)
-        if key in self._steps:
+        if key in self._steps and key not in self._used:
             self._take(key, "patch", generated=True)
 
     def unreached_steps(self) -> list[str]:
@@ -1009,13 +1034,15 @@ class WorkflowContext:
 
     async def _timer_due_at(self, key: str, *, delay: float | None = None,
                             until: datetime | None = None,
-                            generated: bool = False) -> datetime | None:
+                            generated: bool = False,
+                            taken: StepRecord | None = None) -> datetime | None:
         """Record (or read) timer `key`; None when it is due, else its wake time,
         for which a wake has been requested. Due-ness is judged on the
         database clock only. A timer still running is a wait: a pending cancel
         or deadline is raised here (and the suspension's acknowledgement makes
-        the execution due at the deadline at the latest)."""
-        recorded = self._take(key, "sleep", generated=generated)
+        the execution due at the deadline at the latest). `taken`: its record,
+        when the caller already took it."""
+        recorded = taken if taken is not None else self._take(key, "sleep", generated=generated)
         if recorded is not None:
             wake_at = datetime.fromisoformat(recorded.value)
             if wake_at <= self._delivery.claimed_at:

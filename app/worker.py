@@ -517,6 +517,9 @@ class Worker:
         except Nondeterminism as exc:
             await self._finish(lease, "park", divergence=exc.divergence)
         except Retry as exc:
+            if ctx.diverged is not None:  # caught the divergence, then asked to retry
+                await self._finish(lease, "park", divergence=ctx.diverged)
+                return
             await self._finish(lease, "retry", error=error_of(exc))
         except (DeliveryStopped, asyncio.CancelledError) as exc:
             if running is not None and running.forced:
@@ -539,7 +542,14 @@ class Worker:
             # At shutdown the drain releases the lease; either way no outcome.
         except Exception as exc:
             # fencepost's own database calls surface as DeliveryStopped (see
-            # WorkflowContext._fenced); anything else is the workflow's error.
+            # WorkflowContext._fenced); anything else is the workflow's error -
+            # unless the code no longer fits the history: it raised past a
+            # divergence it caught, or before a recorded step (the history went
+            # further), and then it parks like any divergence.
+            diverged = ctx.diverged or ctx.divergence_at_end(exc)
+            if diverged is not None:
+                await self._finish(lease, "park", divergence=diverged)
+                return
             await self._finish(lease, "failed", error=error_of(exc), tb=format_traceback(exc))
         else:
             # Returned: a divergence the code swallowed, or a recorded step

@@ -25,6 +25,9 @@ class Exports(StoreObject):
             f"""
             SELECT execution_id, workflow_id, code_version, params, context,
                    {healed_status_sql(self.config.max_unacknowledged)} AS status,
+                   -- What a delivery raises into the code (its cleanup follows).
+                   CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel'
+                        WHEN deadline <= now() THEN 'deadline' END AS interrupt,
                    (SELECT coalesce(jsonb_agg(jsonb_build_object(
                                'key', s.step_key, 'status', s.status, 'value', s.value,
                                'error', s.error, 'functionName', s.function_name,
@@ -49,6 +52,7 @@ class Exports(StoreObject):
             "workflowId": row["workflow_id"],
             "codeVersion": row["code_version"],
             "status": row["status"],
+            "interrupt": row["interrupt"],
             "params": row["params"],
             "context": row["context"],
             "steps": row["steps"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
@@ -174,6 +174,9 @@ class HistoryDocument(BaseModel):
     workflowId: str  # noqa: N815 - wire name
     codeVersion: str | None  # noqa: N815 - wire name
     status: str
+    interrupt: Literal["cancel", "deadline"] | None = Field(
+        None, description="A cancel requested or a deadline passed: a delivery raises it into "
+        "the code, whose cleanup steps follow in the history (the replay raises it there too).")
     params: Any = None
     context: dict[str, Any] = Field(default_factory=dict)
     steps: list[HistoryStep] = Field(
