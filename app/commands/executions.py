@@ -1,6 +1,6 @@
 """Operator decisions on one execution: cancel (with cleanup), terminate
-(without), wake, resume a poison-parked one, resolve an outcome-unknown
-step, send a signal. Each validates, asks the store once, and answers the
+(without), wake, resume a parked one (poison, nondeterminism), resolve an
+outcome-unknown step, send a signal. Each validates, asks the store once, and answers the
 store's outcome or raises CommandError; the decisions that change an
 execution's course are logged with who made them."""
 

@@ -173,7 +173,8 @@ async def test_bulk_resume_and_resolve(store: ExecutionStore, api: httpx.AsyncCl
     await store.effects.begin_effect(d.lease, "charge", idempotency_key="k", function_name="charge")
     await store.effects.park_outcome_unknown(d.lease, "charge")
 
-    # Resume matches both parked ones and fails on the one not parked as poison;
+    # Resume matches both parked ones and fails on the one parked for neither
+    # poison nor nondeterminism (an outcome in doubt);
     # resolve then matches only the one still parked.
     for action, extra, outcome in (
             ("resume", {}, (1, 1)),

@@ -1,5 +1,6 @@
 """Decisions from outside: cancel (with cleanup) or terminate (without),
-resolve an outcome-unknown step, resume a poison-parked execution. Each is
+resolve an outcome-unknown step, resume an execution parked as poison or for
+nondeterminism. Each is
 recorded with who made it."""
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ async def resolve(execution_id: str, step_key: Annotated[str, Path(max_length=10
 @router.post(
     "/{execution_id}/resume",
     response_model=Decision,
-    summary="Make an execution parked as poison due again (its counter is kept)",
+    summary="Make an execution parked as poison (its counter is kept) or for nondeterminism "
+            "due again",
     openapi_extra=_optional(ActorBody),
     responses={**ERRORS, 404: refusal("EXECUTION_NOT_FOUND"),
                409: refusal("EXECUTION_NOT_PARKED")},
