@@ -44,6 +44,13 @@ async def _recorded(pool, eid: str) -> set[str]:
     return {r["step_key"] for r in rows}
 
 
+async def _suspended_at(store, pool, eid: str, key: str) -> None:
+    async def there() -> bool:
+        return (await store.history.get(eid))["status"] == "suspended" \
+            and key in await _recorded(pool, eid)
+    await wait_until(there, what=f"{eid} suspended with {key} recorded", timeout=30)
+
+
 async def test_cancelling_a_signal_wait_with_a_timeout_runs_its_cleanup(store, pool, worker):
     # The wait's timeout timer was recorded right after the wait; the cleanup
     # delivery takes it there before the cancel is raised, so the cleanup's
@@ -52,10 +59,7 @@ async def test_cancelling_a_signal_wait_with_a_timeout_runs_its_cleanup(store, p
     # no cleanup run).
     eid = await admit(store, "edge-approval", "edge-s1")
 
-    async def waiting() -> bool:
-        return (await store.history.get(eid))["status"] == "suspended" \
-            and "signal:decision:timeout" in await _recorded(pool, eid)
-    await wait_until(waiting, what="waiting for the decision", timeout=30)
+    await _suspended_at(store, pool, eid, "signal:decision:timeout")
     assert (await store.operator.request_cancel(eid, "alice"))[0] == "requested"
 
     record = await _status(store, eid, "cancelled", "parked", "failed")
@@ -69,15 +73,9 @@ async def test_code_raising_before_a_recorded_step_parks_as_the_replay_check_rep
         store, pool, worker):
     eid = await admit(store, "edge-raise", "edge-r1")
 
-    async def at(key: str):
-        async def there() -> bool:
-            return (await store.history.get(eid))["status"] == "suspended" \
-                and key in await _recorded(pool, eid)
-        await wait_until(there, what=f"suspended at {key}", timeout=30)
-
-    await at("nap")
+    await _suspended_at(store, pool, eid, "nap")
     await fast_forward_timer(pool, eid, "nap")
-    await at("nap2")                      # history: a, nap, x, nap2
+    await _suspended_at(store, pool, eid, "nap2")                      # history: a, nap, x, nap2
     ef.CODE["now"] = "v2"                 # deployed: raises before x
     report = await replay(WORKFLOWS["edge-raise"], await store.exports.export(eid), WORKFLOWS)
     assert not report.ok and report.divergence["recorded"] == "x", report
@@ -94,15 +92,9 @@ async def test_code_raising_before_a_recorded_step_parks_as_the_replay_check_rep
 async def test_code_that_wraps_the_divergence_in_its_own_error_still_parks(store, pool, worker):
     eid = await admit(store, "edge-wrap", "edge-w1")
 
-    async def at(key: str):
-        async def there() -> bool:
-            return (await store.history.get(eid))["status"] == "suspended" \
-                and key in await _recorded(pool, eid)
-        await wait_until(there, what=f"suspended at {key}", timeout=30)
-
-    await at("nap")
+    await _suspended_at(store, pool, eid, "nap")
     await fast_forward_timer(pool, eid, "nap")
-    await at("nap2")
+    await _suspended_at(store, pool, eid, "nap2")
     ef.CODE["now"] = "v2"                 # a step inserted before recorded x
     await fast_forward_timer(pool, eid, "nap2")
 
