@@ -125,16 +125,16 @@ class ReceivedSignal:
 
 
 class ReplayError(Exception):
-    """The code and the recorded history disagree (a duplicate step key, a key
-    recorded by a different function, a recorded step the code no longer
-    reaches). The execution fails loudly rather than guess."""
+    """A defect of the code whatever the history: a step key used twice in
+    one run, or an empty or non-string key. The execution fails loudly.
+    (Code that no longer fits its history raises Nondeterminism instead.)"""
 
 
 class Nondeterminism(BaseException):  # noqa: N818 - named for what happened
     """The code no longer fits the execution's recorded history: at some
     point it asks for a step other than the one recorded there (steps
     inserted, removed or reordered), or under a key recorded by another
-    function, or returns before a recorded step. The execution is parked
+    function, or returns or raises before a recorded step. The execution is parked
     (reason `nondeterminism`, `divergence` shown) rather than failed or run
     down a new branch; deploy code that fits, or move it to a version that
     does, and it resumes. A BaseException, and latched like Suspend: workflow
