@@ -43,6 +43,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import httpx
@@ -50,6 +51,9 @@ import httpx
 from app.db import asyncpg_dsn
 from app.devserver import spawn_children, stop_children
 from app.settings import Settings
+from app.tools.bench_cpu import CpuMeter, postmaster_of
+
+TIMER_WORKFLOW = "bench-timer"
 
 WORKFLOW = "bench-3-steps"
 
@@ -71,6 +75,44 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="--queues: concurrency keys of the limited queue (default 100)")
     p.add_argument("--per-key-concurrency", type=int, default=2,
                    help="--queues: the limited queue's per-key concurrency (default 2)")
+    p.add_argument("--history", type=int, default=0, metavar="N",
+                   help="after the end-to-end run, keep N completed executions in the tables "
+                        "and run it again (default 0: once)")
+    p.add_argument("--timers", type=int, default=0, metavar="N",
+                   help="instead: N executions each sleeping --timer-seconds, admitted over "
+                        "about that long; prints their lateness (default 0: off)")
+    p.add_argument("--timer-seconds", type=float, default=20.0, metavar="S",
+                   help="--timers: each execution's sleep (default 20)")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = FIELDS
+
+
+FIELDS = """\
+fields of the printed line (besides the rates):
+  commits_per_execution       pg_stat_database.xact_commit of the bench's database
+                              over the end-to-end run, divided by its executions.
+                              Everything that commits meanwhile is counted, not
+                              subtracted: lease renewals, worker heartbeats,
+                              maintenance (sweeps, leadership), the bench's own
+                              progress queries.
+  api_cpu_s_per_execution     CPU seconds (user+system, /proc) of the API process
+  worker_cpu_s_per_execution  ... of the worker processes
+  postgres_cpu_s_per_execution  ... of the Postgres server: the postmaster's
+                              tree (live backends, exited ones, background
+                              processes), so also what other clients of that
+                              server cost; null when the server is not on this
+                              machine, with postgres_cpu_null_reason.
+                              All three over the end-to-end run, per execution.
+  --history N adds: executions_per_second_with_history (the same run with N
+                              more completed executions kept), history,
+                              history_method, claim_index_scan (EXPLAIN of the
+                              claim after the load: no sequential scan of
+                              executions), claim_executions_scans.
+  --timers N prints instead (mode "timers"): timer_lateness_p50/p99/max_ms and
+                              lone_timer_lateness_ms (one timer, idle service);
+                              lateness = completion - admission - sleep, on the
+                              database clock.
+"""
 
 
 def _free_port() -> int:
@@ -135,13 +177,16 @@ async def _start_latency(client: httpx.AsyncClient, conn: asyncpg.Connection, ru
 
 
 async def _admit_over(port: int, bodies: list[bytes], latencies: list[float],
-                      token: str | None = None) -> None:
-    """One keep-alive HTTP/1.1 connection admitting `bodies` in turn. A plain
+                      token: str | None = None, send_at: list[float] | None = None) -> None:
+    """One keep-alive HTTP/1.1 connection admitting `bodies` in turn (each not
+    before its `send_at` time.perf_counter() instant, when given). A plain
     asyncio client: httpx's own overhead capped the rate it could offer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     auth = b"" if token is None else b"Authorization: Bearer " + token.encode() + b"\r\n"
     try:
-        for body in bodies:
+        for i, body in enumerate(bodies):
+            if send_at is not None and (wait := send_at[i] - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
             request = (
                 b"POST /v1/executions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
                 + b"Content-Type: application/json\r\nContent-Length: "
@@ -164,10 +209,10 @@ async def _admit_over(port: int, bodies: list[bytes], latencies: list[float],
 
 
 async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
-                      clients: int) -> dict:
+                      clients: int, phase: str = "mixed") -> dict:
     latencies: list[float] = []
     bodies = [
-        json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-mixed-{i}",
+        json.dumps({"workflowId": WORKFLOW, "executionId": f"{run}-{phase}-{i}",
                     "params": {"n": i}}).encode()
         for i in range(n)
     ]
@@ -176,7 +221,7 @@ async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
     admit_seconds = time.perf_counter() - t0
     deadline = time.monotonic() + max(120, n / 20)
     # Only this phase's executions (the backlog and latency phases use other IDs).
-    pattern = f"{run}-mixed-%"
+    pattern = f"{run}-{phase}-%"
     while True:
         done = await conn.fetchval(
             "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status = 'completed'",
@@ -305,8 +350,44 @@ async def _quota_cost(url: str, port: int, run: str, n: int, clients: int) -> di
     }
 
 
+def _database_host(url: str) -> str | None:
+    """The host a connection URL names (a socket directory, a name, or None:
+    the default socket)."""
+    parts = urlsplit(url)
+    return parts.hostname or (parse_qs(parts.query).get("host") or [None])[0]
+
+
+async def _cpu_meter(conn: asyncpg.Connection, url: str, pids) -> CpuMeter:
+    postmaster, reason = postmaster_of(conn.get_server_pid(), _database_host(url))
+    api, workers = pids()
+    return CpuMeter(api, workers, postmaster, reason)
+
+
+async def _with_history(port: int, conn: asyncpg.Connection, run: str,
+                        args: argparse.Namespace) -> dict:
+    """Keep --history completed executions, then the end-to-end run again."""
+    from app.tools.bench_history import HISTORY_METHOD, claim_plan, load_history
+
+    templates = [r["execution_id"] for r in await conn.fetch(
+        "SELECT execution_id FROM executions WHERE execution_id LIKE $1 "
+        "AND status = 'completed' LIMIT 100", f"{run}-mixed-%")]
+    t0 = time.perf_counter()
+    await load_history(conn, templates, f"{run}-history", args.history)
+    load_seconds = time.perf_counter() - t0
+    index_scan, scans = await claim_plan(conn, [WORKFLOW, TIMER_WORKFLOW], [None, None])
+    again = await _throughput(port, conn, run, args.executions, args.clients, "after")
+    return {
+        "history": args.history,
+        "history_method": HISTORY_METHOD,
+        "history_load_seconds": load_seconds,
+        "executions_per_second_with_history": again["executions_per_second"],
+        "claim_index_scan": index_scan,
+        "claim_executions_scans": scans,
+    }
+
+
 async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
-                   auth_port: int | None = None, stop_workers=None) -> dict:
+                   auth_port: int | None = None, stop_workers=None, pids=None) -> dict:
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
@@ -316,8 +397,11 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
                                base, args.workers)
         async with httpx.AsyncClient(base_url=base) as client:
             latency = await _start_latency(client, conn, run, args.latency_samples)
+        meter = await _cpu_meter(conn, url, pids)
         commits_before = await _commits(conn)
+        meter.start()
         mixed = await _throughput(port, conn, run, args.executions, args.clients)
+        cpu = meter.per_execution(args.executions)
         commits = await _commits(conn) - commits_before
         result = {
             "executions_per_second": mixed["executions_per_second"],
@@ -333,7 +417,10 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
             "start_latency_p50_ms": _percentile(latency, 0.5),
             "start_latency_p99_ms": _percentile(latency, 0.99),
             "commits_per_execution": commits / args.executions,
+            **cpu,
         })
+        if args.history:
+            result.update(await _with_history(port, conn, run, args))
         if auth_port is not None:
             if stop_workers is not None:
                 await asyncio.to_thread(stop_workers)
@@ -471,6 +558,25 @@ def _run_queues(url: str, args: argparse.Namespace, settings: Settings) -> dict:
         devnull.close()
 
 
+def _rounded(key: str, value):
+    if not isinstance(value, float):
+        return value
+    # CPU per execution is a few milliseconds: kept to the microsecond.
+    return round(value, 6 if key.endswith("_cpu_s_per_execution") else 2)
+
+
+async def _measure_timers(url: str, port: int, args: argparse.Namespace) -> dict:
+    from app.tools.bench_timers import measure_timers
+
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await _wait_ready(f"http://127.0.0.1:{port}", conn, args.workers)
+        return await measure_timers(port, conn, f"bench-{uuid.uuid4().hex[:8]}", args.timers,
+                                    args.timer_seconds, args.clients)
+    finally:
+        await conn.close()
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
@@ -479,6 +585,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if args.quota_executions < 0:
         print("error: --quota-executions must be 0 (skip the quota phase) or positive")
+        return 2
+    if args.history < 0 or args.timers < 0 or args.timer_seconds <= 0:
+        print("error: --history and --timers must be 0 (off) or positive, "
+              "--timer-seconds positive")
         return 2
     if args.queues and min(args.queue_executions, args.queue_keys,
                            args.per_key_concurrency) < 1:
@@ -522,6 +632,29 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
                "env_extra": env, "log_level": "warning", "stderr": devnull}
     children = spawn_children(url, workers=0, **options)
+    api = [children[0].pid]
+    if args.timers:
+        try:
+            children += spawn_children(url, workers=args.workers, api=False, **options)
+            result = asyncio.run(_measure_timers(url, port, args))
+        finally:
+            stop_children(children)
+            devnull.close()
+            if server is not None:
+                server.stop()
+        print(json.dumps({
+            "benchmark": "fencepost",
+            "mode": "timers",
+            "timers": args.timers,
+            "timer_seconds": args.timer_seconds,
+            "workers": args.workers,
+            "concurrency": args.concurrency,
+            "clients": args.clients,
+            "database": "embedded" if server is not None else "DATABASE_URL",
+            "cpus": os.cpu_count(),
+            **{k: round(v, 2) for k, v in result.items()},
+        }))
+        return 0
     auth_port = None
     if args.quota_executions:
         # The quota phase's API: the same service with authentication on.
@@ -540,7 +673,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         stop_children(workers)
 
     try:
-        result = asyncio.run(_measure(url, port, args, start_workers, auth_port, stop_workers))
+        result = asyncio.run(_measure(url, port, args, start_workers, auth_port, stop_workers,
+                                      lambda: (api, [w.pid for w in workers])))
     finally:
         stop_children(children)
         devnull.close()
@@ -558,7 +692,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "lease_seconds": settings.lease_seconds,
         "renew_seconds": settings.renew_seconds,
         "cpus": os.cpu_count(),
-        **{k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()},
+        **{k: _rounded(k, v) for k, v in result.items()},
     }
     print(json.dumps(line, sort_keys=False))
     return 0

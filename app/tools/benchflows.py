@@ -38,3 +38,10 @@ async def keyed(ctx: WorkflowContext, params: dict) -> dict:
 @workflow("bench-free", queue=FREE_QUEUE)
 async def free(ctx: WorkflowContext, params: dict) -> dict:
     return await _three(ctx, params)
+
+
+@workflow("bench-timer")
+async def timer(ctx: WorkflowContext, params: dict) -> dict:
+    """`fencepost bench --timers`: one durable sleep, then done."""
+    await ctx.sleep("wait", float(params["seconds"]))
+    return {}
