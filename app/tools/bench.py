@@ -208,6 +208,29 @@ async def _admit_over(port: int, bodies: list[bytes], latencies: list[float],
         writer.close()
 
 
+async def _wait_completed(conn: asyncpg.Connection, ids: list[str], deadline: float,
+                          poll: float = 0.1) -> None:
+    """Return once every one of `ids` completed; raise past `deadline`
+    (time.monotonic()). Looked up by key, the finished ones dropped from each
+    next query: a LIKE pattern would scan every execution the tables keep
+    (--history), and that scan's cost would fall on the measured run."""
+    pending = ids
+    while True:
+        done = await conn.fetch(
+            "SELECT execution_id FROM executions WHERE execution_id = ANY($1::text[]) "
+            "AND status = 'completed'",
+            pending,
+        )
+        finished = {r["execution_id"] for r in done}
+        pending = [eid for eid in pending if eid not in finished]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(ids) - len(pending)} of {len(ids)} executions "
+                               "completed in time")
+        await asyncio.sleep(poll)
+
+
 async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
                       clients: int, phase: str = "mixed") -> dict:
     latencies: list[float] = []
@@ -221,21 +244,12 @@ async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
     admit_seconds = time.perf_counter() - t0
     deadline = time.monotonic() + max(120, n / 20)
     # Only this phase's executions (the backlog and latency phases use other IDs).
-    pattern = f"{run}-{phase}-%"
-    while True:
-        done = await conn.fetchval(
-            "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status = 'completed'",
-            pattern,
-        )
-        if done >= n:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done} of {n} executions completed in time")
-        await asyncio.sleep(0.1)
+    ids = [f"{run}-{phase}-{i}" for i in range(n)]
+    await _wait_completed(conn, ids, deadline)
     span = await conn.fetchval(
         "SELECT extract(epoch FROM max(updated_at) - min(admitted_at)) FROM executions "
-        "WHERE execution_id LIKE $1",
-        pattern,
+        "WHERE execution_id = ANY($1::text[])",
+        ids,
     )
     return {
         "admissions_per_second": n / admit_seconds,
@@ -368,9 +382,8 @@ async def _with_history(port: int, conn: asyncpg.Connection, run: str,
     """Keep --history completed executions, then the end-to-end run again."""
     from app.tools.bench_history import HISTORY_METHOD, claim_plan, load_history
 
-    templates = [r["execution_id"] for r in await conn.fetch(
-        "SELECT execution_id FROM executions WHERE execution_id LIKE $1 "
-        "AND status = 'completed' LIMIT 100", f"{run}-mixed-%")]
+    # The history's rows are copies of the first run's (completed) executions.
+    templates = [f"{run}-mixed-{i}" for i in range(min(100, args.executions))]
     t0 = time.perf_counter()
     await load_history(conn, templates, f"{run}-history", args.history)
     load_seconds = time.perf_counter() - t0

@@ -15,39 +15,32 @@ import time
 
 import asyncpg
 
-from app.tools.bench import TIMER_WORKFLOW, _admit_over, _percentile
+from app.tools.bench import TIMER_WORKFLOW, _admit_over, _percentile, _wait_completed
 
 
-async def _lateness_ms(conn: asyncpg.Connection, pattern: str, n: int, seconds: float,
+async def _lateness_ms(conn: asyncpg.Connection, ids: list[str], seconds: float,
                        timeout: float) -> list[float]:
-    deadline = time.monotonic() + timeout
-    while (done := await conn.fetchval(
-        "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status = 'completed'",
-        pattern,
-    )) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done} of {n} timers completed in time")
-        await asyncio.sleep(0.05)
+    await _wait_completed(conn, ids, time.monotonic() + timeout, poll=0.05)
     rows = await conn.fetch(
         "SELECT extract(epoch FROM updated_at - admitted_at) * 1000 - $2::float8 * 1000 AS ms "
-        "FROM executions WHERE execution_id LIKE $1",
-        pattern, seconds,
+        "FROM executions WHERE execution_id = ANY($1::text[])",
+        ids, seconds,
     )
     return [float(r["ms"]) for r in rows]
 
 
-def _bodies(prefix: str, n: int, seconds: float) -> list[bytes]:
-    return [json.dumps({"workflowId": TIMER_WORKFLOW, "executionId": f"{prefix}-{i}",
-                        "params": {"seconds": seconds}}).encode() for i in range(n)]
+def _bodies(ids: list[str], seconds: float) -> list[bytes]:
+    return [json.dumps({"workflowId": TIMER_WORKFLOW, "executionId": eid,
+                        "params": {"seconds": seconds}}).encode() for eid in ids]
 
 
 async def measure_timers(port: int, conn: asyncpg.Connection, run: str, n: int,
                          seconds: float, clients: int) -> dict:
-    lone = f"{run}-lone"
-    await _admit_over(port, _bodies(lone, 1, seconds), [])
-    alone = await _lateness_ms(conn, f"{lone}-%", 1, seconds, seconds + 60)
-    prefix = f"{run}-timer"
-    bodies = _bodies(prefix, n, seconds)
+    lone = [f"{run}-lone"]
+    await _admit_over(port, _bodies(lone, seconds), [])
+    alone = await _lateness_ms(conn, lone, seconds, seconds + 60)
+    ids = [f"{run}-timer-{i}" for i in range(n)]
+    bodies = _bodies(ids, seconds)
     # Execution i is sent at i·S/N seconds from now: N admissions spread over S.
     t0 = time.perf_counter()
     at = [t0 + i * seconds / n for i in range(n)]
@@ -55,7 +48,7 @@ async def measure_timers(port: int, conn: asyncpg.Connection, run: str, n: int,
     await asyncio.gather(*(_admit_over(port, bodies[c::clients], [], send_at=at[c::clients])
                            for c in range(clients)))
     admit_seconds = time.perf_counter() - t0
-    late = await _lateness_ms(conn, f"{prefix}-%", n, seconds, seconds + max(120, n / 20))
+    late = await _lateness_ms(conn, ids, seconds, seconds + max(120, n / 20))
     return {
         "timer_admission_seconds": admit_seconds,
         "timer_lateness_p50_ms": _percentile(late, 0.5),
