@@ -13,13 +13,24 @@ embedded Postgres), then:
    the client, executions/s from the first admission to the last completion
    on the database clock;
 4. commits per execution: the database's transaction counter over the run,
-   divided by N (everything counts: API, workers, polling, renewals);
+   divided by N (everything counts: API, workers, polling, renewals); and CPU
+   seconds per execution over the same run, from /proc, of the API process,
+   of the workers and of the Postgres server (null, with the reason, when it
+   is not on this machine);
 5. quotas, with the workers stopped (the API alone, as in 1): a second API
    process with authentication on; two trigger tokens,
    one with an admission quota far above the load, one without, admit
    --quota-executions each from the same concurrent clients, in alternating
    rounds (so drift in the machine's load falls on both); the ratio of their
    admissions/s is what a quota costs (1.0 = nothing).
+
+`--history N` then keeps N completed executions in the tables (copied in
+SQL, see bench_history) and runs 3 and 4 again, printing both rates, and
+EXPLAINs the claim to say whether it still reads executions by index only.
+
+`--timers N` measures durable timers instead (bench_timers): how late N
+sleeping executions, admitted over about their sleep, wake and complete, and
+how late a lone timer on the idle service does.
 
 `--queues` measures flow control instead (no API; the workers alone): as many
 executions on a queue limited per concurrency key (--per-key-concurrency,
@@ -104,7 +115,8 @@ fields of the printed line (besides the rates):
                               machine, with postgres_cpu_null_reason.
                               All three over the end-to-end run, per execution.
   --history N adds: executions_per_second_with_history (the same run with N
-                              more completed executions kept), history,
+                              more completed executions kept; its commits and
+                              CPU fields end in _with_history), history,
                               history_method, claim_index_scan (EXPLAIN of the
                               claim after the load: no sequential scan of
                               executions), claim_executions_scans.
@@ -378,7 +390,7 @@ async def _cpu_meter(conn: asyncpg.Connection, url: str, pids) -> CpuMeter:
 
 
 async def _with_history(port: int, conn: asyncpg.Connection, run: str,
-                        args: argparse.Namespace) -> dict:
+                        args: argparse.Namespace, meter: CpuMeter) -> dict:
     """Keep --history completed executions, then the end-to-end run again."""
     from app.tools.bench_history import HISTORY_METHOD, claim_plan, load_history
 
@@ -388,12 +400,18 @@ async def _with_history(port: int, conn: asyncpg.Connection, run: str,
     await load_history(conn, templates, f"{run}-history", args.history)
     load_seconds = time.perf_counter() - t0
     index_scan, scans = await claim_plan(conn, [WORKFLOW, TIMER_WORKFLOW], [None, None])
+    commits_before = await _commits(conn)
+    meter.start()
     again = await _throughput(port, conn, run, args.executions, args.clients, "after")
+    cpu = meter.per_execution(args.executions)
+    commits = await _commits(conn) - commits_before
     return {
         "history": args.history,
         "history_method": HISTORY_METHOD,
         "history_load_seconds": load_seconds,
         "executions_per_second_with_history": again["executions_per_second"],
+        "commits_per_execution_with_history": commits / args.executions,
+        **{f"{k}_with_history": v for k, v in cpu.items() if k.endswith("_per_execution")},
         "claim_index_scan": index_scan,
         "claim_executions_scans": scans,
     }
@@ -433,7 +451,7 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
             **cpu,
         })
         if args.history:
-            result.update(await _with_history(port, conn, run, args))
+            result.update(await _with_history(port, conn, run, args, meter))
         if auth_port is not None:
             if stop_workers is not None:
                 await asyncio.to_thread(stop_workers)
@@ -575,7 +593,7 @@ def _rounded(key: str, value):
     if not isinstance(value, float):
         return value
     # CPU per execution is a few milliseconds: kept to the microsecond.
-    return round(value, 6 if key.endswith("_cpu_s_per_execution") else 2)
+    return round(value, 6 if "_cpu_s_per_execution" in key else 2)
 
 
 async def _measure_timers(url: str, port: int, args: argparse.Namespace) -> dict:

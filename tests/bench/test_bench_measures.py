@@ -40,6 +40,9 @@ async def test_bench_history_reports_commits_cpu_and_both_rates(database_url, po
     # Both rates, from one invocation: without the history, then with it.
     assert line["executions_per_second"] > 0, line
     assert line["executions_per_second_with_history"] > 0, line
+    assert line["commits_per_execution_with_history"] > 0, line
+    for side in ("api", "worker"):
+        assert line[f"{side}_cpu_s_per_execution_with_history"] >= 0, line
     assert line["history"] == 50 and line["history_method"], line
     assert isinstance(line["claim_index_scan"], bool), line
     assert line["claim_executions_scans"], line
