@@ -54,7 +54,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import httpx
@@ -62,7 +61,8 @@ import httpx
 from app.db import asyncpg_dsn
 from app.devserver import spawn_children, stop_children
 from app.settings import Settings
-from app.tools.bench_cpu import CpuMeter, postmaster_of
+from app.tools.bench_cpu import CpuMeter
+from app.tools.bench_fields import FIELDS
 
 TIMER_WORKFLOW = "bench-timer"
 
@@ -96,35 +96,6 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="--timers: each execution's sleep (default 20)")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = FIELDS
-
-
-FIELDS = """\
-fields of the printed line (besides the rates):
-  commits_per_execution       pg_stat_database.xact_commit of the bench's database
-                              over the end-to-end run, divided by its executions.
-                              Everything that commits meanwhile is counted, not
-                              subtracted: lease renewals, worker heartbeats,
-                              maintenance (sweeps, leadership), the bench's own
-                              progress queries.
-  api_cpu_s_per_execution     CPU seconds (user+system, /proc) of the API process
-  worker_cpu_s_per_execution  ... of the worker processes
-  postgres_cpu_s_per_execution  ... of the Postgres server: the postmaster's
-                              tree (live backends, exited ones, background
-                              processes), so also what other clients of that
-                              server cost; null when the server is not on this
-                              machine, with postgres_cpu_null_reason.
-                              All three over the end-to-end run, per execution.
-  --history N adds: executions_per_second_with_history (the same run with N
-                              more completed executions kept; its commits and
-                              CPU fields end in _with_history), history,
-                              history_method, claim_index_scan (EXPLAIN of the
-                              claim after the load: no sequential scan of
-                              executions), claim_executions_scans.
-  --timers N prints instead (mode "timers"): timer_lateness_p50/p99/max_ms and
-                              lone_timer_lateness_ms (one timer, idle service);
-                              lateness = completion - admission - sleep, on the
-                              database clock.
-"""
 
 
 def _free_port() -> int:
@@ -376,47 +347,6 @@ async def _quota_cost(url: str, port: int, run: str, n: int, clients: int) -> di
     }
 
 
-def _database_host(url: str) -> str | None:
-    """The host a connection URL names (a socket directory, a name, or None:
-    the default socket)."""
-    parts = urlsplit(url)
-    return parts.hostname or (parse_qs(parts.query).get("host") or [None])[0]
-
-
-async def _cpu_meter(conn: asyncpg.Connection, url: str, pids) -> CpuMeter:
-    postmaster, reason = postmaster_of(conn.get_server_pid(), _database_host(url))
-    api, workers = pids()
-    return CpuMeter(api, workers, postmaster, reason)
-
-
-async def _with_history(port: int, conn: asyncpg.Connection, run: str,
-                        args: argparse.Namespace, meter: CpuMeter) -> dict:
-    """Keep --history completed executions, then the end-to-end run again."""
-    from app.tools.bench_history import HISTORY_METHOD, claim_plan, load_history
-
-    # The history's rows are copies of the first run's (completed) executions.
-    templates = [f"{run}-mixed-{i}" for i in range(min(100, args.executions))]
-    t0 = time.perf_counter()
-    await load_history(conn, templates, f"{run}-history", args.history)
-    load_seconds = time.perf_counter() - t0
-    index_scan, scans = await claim_plan(conn, [WORKFLOW, TIMER_WORKFLOW], [None, None])
-    commits_before = await _commits(conn)
-    meter.start()
-    again = await _throughput(port, conn, run, args.executions, args.clients, "after")
-    cpu = meter.per_execution(args.executions)
-    commits = await _commits(conn) - commits_before
-    return {
-        "history": args.history,
-        "history_method": HISTORY_METHOD,
-        "history_load_seconds": load_seconds,
-        "executions_per_second_with_history": again["executions_per_second"],
-        "commits_per_execution_with_history": commits / args.executions,
-        **{f"{k}_with_history": v for k, v in cpu.items() if k.endswith("_per_execution")},
-        "claim_index_scan": index_scan,
-        "claim_executions_scans": scans,
-    }
-
-
 async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
                    auth_port: int | None = None, stop_workers=None, pids=None) -> dict:
     base = f"http://127.0.0.1:{port}"
@@ -428,7 +358,7 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
                                base, args.workers)
         async with httpx.AsyncClient(base_url=base) as client:
             latency = await _start_latency(client, conn, run, args.latency_samples)
-        meter = await _cpu_meter(conn, url, pids)
+        meter = CpuMeter.for_run(conn, url, pids)
         commits_before = await _commits(conn)
         meter.start()
         mixed = await _throughput(port, conn, run, args.executions, args.clients)
@@ -451,7 +381,9 @@ async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
             **cpu,
         })
         if args.history:
-            result.update(await _with_history(port, conn, run, args, meter))
+            from app.tools.bench_history import measure_with_history
+
+            result.update(await measure_with_history(port, conn, run, args, meter))
         if auth_port is not None:
             if stop_workers is not None:
                 await asyncio.to_thread(stop_workers)
@@ -596,18 +528,6 @@ def _rounded(key: str, value):
     return round(value, 6 if "_cpu_s_per_execution" in key else 2)
 
 
-async def _measure_timers(url: str, port: int, args: argparse.Namespace) -> dict:
-    from app.tools.bench_timers import measure_timers
-
-    conn = await asyncpg.connect(asyncpg_dsn(url))
-    try:
-        await _wait_ready(f"http://127.0.0.1:{port}", conn, args.workers)
-        return await measure_timers(port, conn, f"bench-{uuid.uuid4().hex[:8]}", args.timers,
-                                    args.timer_seconds, args.clients)
-    finally:
-        await conn.close()
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
@@ -665,26 +585,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     children = spawn_children(url, workers=0, **options)
     api = [children[0].pid]
     if args.timers:
+        from app.tools.bench_timers import run_timers, timers_line
+
         try:
             children += spawn_children(url, workers=args.workers, api=False, **options)
-            result = asyncio.run(_measure_timers(url, port, args))
+            result = asyncio.run(run_timers(url, port, args))
         finally:
             stop_children(children)
             devnull.close()
             if server is not None:
                 server.stop()
-        print(json.dumps({
-            "benchmark": "fencepost",
-            "mode": "timers",
-            "timers": args.timers,
-            "timer_seconds": args.timer_seconds,
-            "workers": args.workers,
-            "concurrency": args.concurrency,
-            "clients": args.clients,
-            "database": "embedded" if server is not None else "DATABASE_URL",
-            "cpus": os.cpu_count(),
-            **{k: round(v, 2) for k, v in result.items()},
-        }))
+        print(json.dumps(timers_line(args, server is not None, result)))
         return 0
     auth_port = None
     if args.quota_executions:

@@ -8,8 +8,11 @@ spent meanwhile, whichever of its processes came and went."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
 
 PROC = Path("/proc")
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -92,6 +95,15 @@ class CpuMeter:
         self.postgres_reason = postgres_reason
         self._before: dict[str, float] = {}
 
+    @classmethod
+    def for_run(cls, conn: asyncpg.Connection, url: str,
+                pids: Callable[[], tuple[list[int], list[int]]]) -> CpuMeter:
+        """The meter of the API and worker processes `pids()` names and of the
+        server `conn` is connected to (by `url`)."""
+        postmaster, reason = postmaster_of(conn.get_server_pid(), database_host(url))
+        api, workers = pids()
+        return cls(api, workers, postmaster, reason)
+
     def _read(self) -> dict[str, float]:
         seconds = {side: trees_seconds(pids) for side, pids in self.sides.items()}
         if self.postmaster is not None:
@@ -114,3 +126,11 @@ class CpuMeter:
             fields["postgres_cpu_s_per_execution"] = (
                 after["postgres"] - self._before["postgres"]) / executions
         return fields
+
+
+def database_host(url: str) -> str | None:
+    """The host a connection URL names (a socket directory, a name, or None:
+    the default socket)."""
+    parts = urlsplit(url)
+    hosts = parse_qs(parts.query).get("host")
+    return parts.hostname or (hosts[0] if hosts else None)

@@ -9,13 +9,18 @@ service that ran N executions would have, at a fraction of the time."""
 
 from __future__ import annotations
 
+import argparse
 import json
-from typing import Any
+import time
+from typing import Any, cast
 
 import asyncpg
 
 from app.store import StoreConfig
+from app.store.handle import Handle
 from app.store.leases import Leases
+from app.tools.bench import TIMER_WORKFLOW, WORKFLOW, _commits, _throughput
+from app.tools.bench_cpu import CpuMeter
 
 HISTORY_METHOD = ("bulk SQL copy of completed bench executions (rows, steps, events) "
                   "under new IDs, then ANALYZE")
@@ -91,8 +96,8 @@ async def claim_plan(conn: asyncpg.Connection, workflow_ids: list[str],
     """EXPLAIN the claim statement as a worker carrying `workflow_ids` sends
     it: (no sequential scan of executions, the scans of executions it uses)."""
     recorder = _Recorder()
-    leases = Leases(recorder, StoreConfig(redelivery_base=1.0, redelivery_cap=300.0,
-                                          max_unacknowledged=25))
+    # Only fetch is called: the claim is one statement.
+    leases = Leases(cast(Handle, recorder), StoreConfig())
     await leases.claim_due(32, 30.0, "bench-explain", workflow_ids,
                            [30.0] * len(workflow_ids), versions)
     assert recorder.statement is not None  # claim_due sends one statement
@@ -101,3 +106,29 @@ async def claim_plan(conn: asyncpg.Connection, workflow_ids: list[str],
     plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
     scans = sorted(set(_scans(plan, [])))
     return not any(s.startswith("Seq Scan") for s in scans), scans
+
+
+async def measure_with_history(port: int, conn: asyncpg.Connection, run: str,
+                        args: argparse.Namespace, meter: CpuMeter) -> dict:
+    """Keep --history completed executions, then the end-to-end run again."""
+    # The history's rows are copies of the first run's (completed) executions.
+    templates = [f"{run}-mixed-{i}" for i in range(min(100, args.executions))]
+    t0 = time.perf_counter()
+    await load_history(conn, templates, f"{run}-history", args.history)
+    load_seconds = time.perf_counter() - t0
+    index_scan, scans = await claim_plan(conn, [WORKFLOW, TIMER_WORKFLOW], [None, None])
+    commits_before = await _commits(conn)
+    meter.start()
+    again = await _throughput(port, conn, run, args.executions, args.clients, "after")
+    cpu = meter.per_execution(args.executions)
+    commits = await _commits(conn) - commits_before
+    return {
+        "history": args.history,
+        "history_method": HISTORY_METHOD,
+        "history_load_seconds": load_seconds,
+        "executions_per_second_with_history": again["executions_per_second"],
+        "commits_per_execution_with_history": commits / args.executions,
+        **{f"{k}_with_history": v for k, v in cpu.items() if k.endswith("_per_execution")},
+        "claim_index_scan": index_scan,
+        "claim_executions_scans": scans,
+    }

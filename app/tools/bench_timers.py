@@ -9,13 +9,23 @@ the completion's own write."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
 import time
+import uuid
 
 import asyncpg
 
-from app.tools.bench import TIMER_WORKFLOW, _admit_over, _percentile, _wait_completed
+from app.db import asyncpg_dsn
+from app.tools.bench import (
+    TIMER_WORKFLOW,
+    _admit_over,
+    _percentile,
+    _wait_completed,
+    _wait_ready,
+)
 
 
 async def _lateness_ms(conn: asyncpg.Connection, ids: list[str], seconds: float,
@@ -55,4 +65,29 @@ async def measure_timers(port: int, conn: asyncpg.Connection, run: str, n: int,
         "timer_lateness_p99_ms": _percentile(late, 0.99),
         "timer_lateness_max_ms": max(late),
         "lone_timer_lateness_ms": alone[0],
+    }
+
+
+async def run_timers(url: str, port: int, args: argparse.Namespace) -> dict:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await _wait_ready(f"http://127.0.0.1:{port}", conn, args.workers)
+        return await measure_timers(port, conn, f"bench-{uuid.uuid4().hex[:8]}", args.timers,
+                                    args.timer_seconds, args.clients)
+    finally:
+        await conn.close()
+
+
+def timers_line(args: argparse.Namespace, embedded: bool, result: dict) -> dict:
+    return {
+        "benchmark": "fencepost",
+        "mode": "timers",
+        "timers": args.timers,
+        "timer_seconds": args.timer_seconds,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "clients": args.clients,
+        "database": "embedded" if embedded else "DATABASE_URL",
+        "cpus": os.cpu_count(),
+        **{k: round(v, 2) for k, v in result.items()},
     }
