@@ -385,22 +385,7 @@ class Worker:
                                         or any(d.slot_limited for d in deliveries))
                 if self._maybe_more_due:
                     continue
-            await self._sleep(await self._until_next_due())
-
-    async def _until_next_due(self) -> float:
-        """How long to wait before claiming again: until the earliest due
-        time to come (a timer wakes when it is due, not at the next poll),
-        at most the poll interval. Admissions, wakes and signals NOTIFY;
-        polling covers the rest (what another process makes due sooner)."""
-        poll = self.settings.poll_seconds
-        try:
-            until = await self._db.leases.next_due_in()
-        except Exception as exc:
-            if not is_infrastructure(exc):
-                raise
-            return poll
-        # A millisecond past it, so the claim's clock sees it due.
-        return poll if until is None else min(poll, until + 0.001)
+            await self._sleep(self.settings.poll_seconds)
 
     async def _prefetch_steps(self, deliveries: list[Delivery]) -> dict[str, dict]:
         """The recorded steps of claimed replays, in one statement. The claim

@@ -301,18 +301,6 @@ class Leases(StoreObject):
             for r in rows
         ]
 
-    async def next_due_in(self) -> float | None:
-        """Seconds until the earliest due time still to come (a timer, a
-        delayed start, a wake), by the database clock; None when nothing
-        waits for a time. One probe of ix_executions_due."""
-        seconds = await self.db.fetchval(
-            """
-            SELECT extract(epoch FROM min(due_at) - now()) FROM executions
-            WHERE status IN ('admitted', 'suspended') AND due_at > now()
-            """
-        )
-        return float(seconds) if seconds is not None else None
-
     async def renew(
         self, leases: list[Lease], duration: float
     ) -> tuple[list[Lease], list[Lease]]:
