@@ -89,7 +89,7 @@ class ReplayContext(WorkflowContext):
         # left (its cleanup's steps), where the delivery raised it.
         self._live()
         if self.interrupt and (wait or not self._interrupt_raised) \
-                and any(k not in self._used for k in self._history):
+                and self.history_left():
             super()._gate(wait=wait)
         self.frontier = True
         raise _Frontier("the code asks for something the history does not hold")

@@ -789,6 +789,11 @@ class WorkflowContext:
                 "or reordered)"))
         return recorded
 
+    def history_left(self) -> bool:
+        """Whether steps recorded before this delivery remain that this run
+        has not asked for yet: the history went further than the code has."""
+        return any(k not in self._used for k in self._history)
+
     def _unask(self, key: str) -> None:
         """Take back the latest ask (`key`), as if the code never made it."""
         self._used.discard(key)
@@ -842,7 +847,7 @@ class WorkflowContext:
             return self._patches[change_id]
         if key in self._steps:
             self._take(key, "patch", generated=True)
-        elif any(k not in self._used for k in self._history):
+        elif self.history_left():
             self._patches[change_id] = False  # the history went past here without it
             return False
         else:
