@@ -13,7 +13,8 @@ Two kinds of runners import this module:
         the remote's record: a charge is stored once per key; every further
         call with that key is deduplicated (calls + 1, same charge returned)
     op_remote_calls(call_id, execution_id, idempotency_key, kind, pid, at)
-        every request the remote received (kind 'charge' or 'reconcile'),
+        every request the remote received (kind 'charge' or 'reconcile'; 'hanging'
+        once a call hanging until SIGCONT is ready for it),
         written (committed) before the remote does anything else, so a row
         tells the test "the attempt was persisted and the call was made"
 """
@@ -90,18 +91,24 @@ async def _remote() -> asyncpg.Connection:
     return await asyncpg.connect(asyncpg_dsn(os.environ["DATABASE_URL"]))
 
 
-async def _hang(how: str) -> None:
-    if how == "until_resumed":
-        # Return once the process has been continued (SIGCONT), at most 60 s.
-        loop = asyncio.get_running_loop()
-        resumed = asyncio.Event()
-        loop.add_signal_handler(signal.SIGCONT, resumed.set)
-        try:
-            await asyncio.wait_for(resumed.wait(), 60)
-        finally:
-            loop.remove_signal_handler(signal.SIGCONT)
-        return
-    await asyncio.sleep(3600)  # until SIGKILLed
+async def _hang_until_killed() -> None:
+    await asyncio.sleep(3600)
+
+
+async def _hang_until_resumed(conn: asyncpg.Connection, eid: str, idempotency_key: str) -> None:
+    """Return once the process has been continued (SIGCONT), at most 60 s. The
+    'hanging' row is written only once the handler is in place: a SIGCONT
+    sent before it would be lost and the call would hang the whole 60 s."""
+    loop = asyncio.get_running_loop()
+    resumed = asyncio.Event()
+    loop.add_signal_handler(signal.SIGCONT, resumed.set)
+    try:
+        await conn.execute(
+            "INSERT INTO op_remote_calls (execution_id, idempotency_key, kind, pid) "
+            "VALUES ($1, $2, 'hanging', $3)", eid, idempotency_key, os.getpid())
+        await asyncio.wait_for(resumed.wait(), 60)
+    finally:
+        loop.remove_signal_handler(signal.SIGCONT)
 
 
 async def remote_charge(eid: str, amount: int, hang: str = "none", *,
@@ -121,7 +128,7 @@ async def remote_charge(eid: str, amount: int, hang: str = "none", *,
             "VALUES ($1, $2, 'charge', $3)", eid, idempotency_key, os.getpid())
         first = earlier == 0
         if first and hang == "before_charge":
-            await _hang("kill")
+            await _hang_until_killed()
         row = await conn.fetchrow(
             """
             INSERT INTO op_remote_charges (idempotency_key, charge_id, amount)
@@ -131,9 +138,9 @@ async def remote_charge(eid: str, amount: int, hang: str = "none", *,
             RETURNING charge_id, amount, calls
             """, idempotency_key, amount)
         if first and hang == "after_charge":
-            await _hang("kill")
+            await _hang_until_killed()
         if first and hang in ("until_resumed", "until_resumed_slow"):
-            await _hang("until_resumed")
+            await _hang_until_resumed(conn, eid, idempotency_key)
             if hang == "until_resumed_slow":  # the answer needs a moment more
                 await asyncio.sleep(0.5)
     finally:

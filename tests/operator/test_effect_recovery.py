@@ -218,7 +218,9 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
     eid = "eff-pause"
     await admit(store, "op-charge", eid, {"recovery": "idempotent", "hang": hang})
     a = await procs.start("A", settings=a_settings)
-    await wait_until(lambda: all_called(pool, [eid], a.pid), timeout=15, what="A inside the effect")
+    # Not just called: hanging with its SIGCONT handler in place.
+    await wait_until(lambda: remote_calls(pool, eid, "hanging"), timeout=15,
+                     what="A inside the effect")
 
     a.send(signal.SIGSTOP)
     try:
