@@ -28,11 +28,9 @@ from typing import Generic, TypeVar
 Req = TypeVar("Req")
 Ans = TypeVar("Ans")
 
-Flush = Callable[[list[Req]], Awaitable[Sequence["Ans | BaseException"]]]
-
 
 class GroupCommit(Generic[Req, Ans]):
-    def __init__(self, flush: Flush, *, max_batch: int = 256, max_in_flight: int = 2) -> None:
+    def __init__(self, flush: Callable[[list[Req]], Awaitable[Sequence[Ans | BaseException]]], *, max_batch: int = 256, max_in_flight: int = 2) -> None:
         self._flush = flush
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
