@@ -1,0 +1,276 @@
+"""Step writes combined into one statement per batch (group commit), against
+real Postgres: every write keeps its own fence (its own token), and each
+caller gets its own answer.
+
+A batch is formed deterministically: two "blocker" writes are held mid-flight
+by a StatementGate (at their 'step_recorded' event, their execution rows
+locked), which fills the combiner's two flushes in flight; writes submitted
+then all wait, and go together in ONE statement when the gate opens. Each test
+asserts from the combiner's counters that they did. The last test drops the
+gate: many deliveries write at once, round after round, and it checks that
+batches of several writes really happened and that every answer was right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from app.store import Delivery, ExecutionStore, InvalidEvent, Lease, LeaseLost, StepRecord
+from app.store.group_commit import GroupCommit
+from tests.support.admission import admitting
+from tests.support.claims import claim, claim_one
+from tests.support.races import Outcomes, StatementGate
+
+admit = admitting("grouped")
+BLOCKERS = ("blocker-1", "blocker-2")
+
+
+def writer(store: ExecutionStore) -> GroupCommit[Any, Any]:
+    assert store.steps.step_writes is not None, "on the pool, step writes are group-committed"
+    return store.steps.step_writes
+
+
+async def claimed(store: ExecutionStore, ids: list[str]) -> dict[str, Delivery]:
+    for eid in ids:
+        await admit(store, eid)
+    deliveries = await claim(store, "worker-1")
+    assert sorted(deliveries) == sorted(ids)
+    return deliveries
+
+
+async def stale_and_current(store: ExecutionStore, clock, eid: str) -> tuple[Delivery, Delivery]:
+    """`eid` claimed by A, A's lease expired, claimed again by B: (A, B)."""
+    await admit(store, eid)
+    a = await claim_one(store, eid, owner="worker-A")
+    await clock.expire_lease(eid)
+    b = await claim_one(store, eid, owner="worker-B")
+    assert b.lease.token == a.lease.token + 1
+    return a, b
+
+
+async def in_one_batch(store: ExecutionStore, pool, blockers: dict[str, Delivery],
+                       writes: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Run `writes` (each a step write) so that they all go in ONE statement:
+    the two blockers' writes hold both flushes in flight while the writes are
+    submitted. Returns each write's result or exception, in order."""
+    gc = writer(store)
+    when = ("NEW.kind = 'step_recorded' AND NEW.execution_id IN ("
+            + ", ".join(f"'{b}'" for b in BLOCKERS) + ")")
+    async with StatementGate(pool, "execution_events", when) as gate:
+        held = [asyncio.create_task(store.steps.write_step(blockers[b].lease, "block", value=b))
+                for b in BLOCKERS]
+        await gate.until_held(2)
+        batches, requests = gc.batches, gc.requests
+        tasks = [asyncio.create_task(w()) for w in writes]
+        await asyncio.sleep(0)  # every write has been submitted, and waits
+        assert (gc.batches, gc.requests) == (batches, requests), "nothing sent while both are held"
+        await gate.open()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*held)
+    assert (gc.batches - batches, gc.requests - requests) == (1, len(writes)), (
+        "the writes went in one batch")
+    return results
+
+
+async def step_rows(pool, eid: str) -> dict[str, Any]:
+    return {r["step_key"]: r for r in await pool.fetch(
+        "SELECT step_key, token, value FROM execution_steps WHERE execution_id = $1", eid)}
+
+
+async def events_of(pool, eid: str) -> list[Any]:
+    return await pool.fetch(
+        "SELECT kind, token, detail FROM execution_events WHERE execution_id = $1 "
+        "AND kind IN ('step_recorded', 'fenced_write_rejected') ORDER BY event_id", eid)
+
+
+async def test_a_stale_write_in_a_batch_is_refused_while_the_rest_commit(store, pool, clock):
+    a, b = await stale_and_current(store, clock, "contested")
+    fresh = await claimed(store, [*BLOCKERS, "fresh-1", "fresh-2", "fresh-3"])
+
+    results = await in_one_batch(store, pool, fresh, [
+        lambda: store.steps.write_step(fresh["fresh-1"].lease, "charge", value={"n": 1}),
+        lambda: store.steps.write_step(a.lease, "charge", value={"by": "A"}),
+        lambda: store.steps.write_step(fresh["fresh-2"].lease, "charge", value={"n": 2}),
+        # B, the current holder of the same execution, in the same batch.
+        lambda: store.steps.write_step(b.lease, "ship", value={"by": "B"}),
+        lambda: store.steps.write_step(fresh["fresh-3"].lease, "charge",
+                                       error={"name": "Declined", "message": "no"}),
+    ])
+
+    one, stale, two, current, three = results
+    assert isinstance(stale, LeaseLost)
+    assert (stale.execution_id, stale.token) == ("contested", a.lease.token)
+    for eid, rec, want in [("fresh-1", one, {"n": 1}), ("fresh-2", two, {"n": 2})]:
+        assert isinstance(rec, StepRecord), rec
+        assert (rec.step_key, rec.status, rec.value) == ("charge", "completed", want)
+        assert rec.token == fresh[eid].lease.token
+        assert {k: (r["token"], r["value"]) for k, r in (await step_rows(pool, eid)).items()} == {
+            "charge": (fresh[eid].lease.token, want)}
+        assert [(e["kind"], e["token"], e["detail"]) for e in await events_of(pool, eid)] == [
+            ("step_recorded", fresh[eid].lease.token,
+             {"stepKey": "charge", "status": "completed"})]
+    assert isinstance(three, StepRecord) and three.status == "failed"
+    assert three.error == {"name": "Declined", "message": "no"}
+    assert isinstance(current, StepRecord) and current.token == b.lease.token
+
+    # The stale write left nothing but its refusal; B's write stands.
+    assert {k: r["token"] for k, r in (await step_rows(pool, "contested")).items()} == {
+        "ship": b.lease.token}
+    assert [(e["kind"], e["token"], e["detail"]) for e in await events_of(pool, "contested")] == [
+        ("step_recorded", b.lease.token, {"stepKey": "ship", "status": "completed"}),
+        ("fenced_write_rejected", a.lease.token, {"stepKey": "charge"}),
+    ]
+
+
+@pytest.mark.parametrize("bad", [
+    pytest.param("a\u0000b", id="nul"),  # refused by the server
+    pytest.param("\ud800", id="lone-surrogate"),  # refused by the driver
+])
+async def test_an_unstorable_value_in_a_batch_fails_only_its_own_write(store, pool, bad):
+    ds = await claimed(store, [*BLOCKERS, "good-1", "bad", "good-2"])
+
+    results = await in_one_batch(store, pool, ds, [
+        lambda: store.steps.write_step(ds["good-1"].lease, "s", value="one"),
+        lambda: store.steps.write_step(ds["bad"].lease, "s", value={"v": bad}),
+        lambda: store.steps.write_step(ds["good-2"].lease, "s", error={"name": "E", "message": "m"}),
+    ])
+
+    good_1, invalid, good_2 = results
+    assert isinstance(invalid, InvalidEvent), invalid
+    assert isinstance(good_1, StepRecord) and good_1.value == "one"
+    assert isinstance(good_2, StepRecord) and good_2.error == {"name": "E", "message": "m"}
+    assert await step_rows(pool, "bad") == {}
+    assert await events_of(pool, "bad") == []
+    for eid in ("good-1", "good-2"):
+        assert list(await step_rows(pool, eid)) == ["s"]
+        assert [e["kind"] for e in await events_of(pool, eid)] == ["step_recorded"]
+    # The delivery with the bad value goes on: its lease is untouched.
+    assert (await store.steps.write_step(ds["bad"].lease, "s", value="ok")).value == "ok"
+
+
+async def test_one_deliverys_writes_in_one_batch_keep_their_order(store, pool):
+    """Concurrent writes of one delivery (concurrent branches) submitted in
+    one batch: their events follow the order they were submitted in, not the
+    keys' order; a key given twice is recorded once, by its first write, and
+    both writers get that record."""
+    ds = await claimed(store, [*BLOCKERS, "branches"])
+    lease = ds["branches"].lease
+    keys = ["zeta", "alpha", "mu", "alpha", "beta"]
+
+    results = await in_one_batch(store, pool, ds, [
+        (lambda k=k, i=i: store.steps.write_step(lease, k, value=i)) for i, k in enumerate(keys)])
+
+    assert [(r.step_key, r.value, r.token) for r in results] == [
+        ("zeta", 0, lease.token), ("alpha", 1, lease.token), ("mu", 2, lease.token),
+        ("alpha", 1, lease.token), ("beta", 4, lease.token)]
+    assert results[1] == results[3]
+    assert {k: r["value"] for k, r in (await step_rows(pool, "branches")).items()} == {
+        "zeta": 0, "alpha": 1, "mu": 2, "beta": 4}
+    assert [e["detail"]["stepKey"] for e in await events_of(pool, "branches")] == [
+        "zeta", "alpha", "mu", "beta"]
+
+
+async def test_an_already_recorded_step_in_a_batch_returns_the_recorded_one(store, pool, clock):
+    """A write of a step already recorded (a redelivery's, or a retry's): the
+    recorded step stands and is returned (read for all such writes of the
+    batch at once); a stale holder's write of it in the same batch is refused."""
+    a, b = await stale_and_current(store, clock, "redelivered")
+    ds = await claimed(store, [*BLOCKERS, "other"])
+    first = await store.steps.write_step(b.lease, "charge", value="first")
+    other_first = await store.steps.write_step(ds["other"].lease, "charge", value="other-first")
+
+    again, stale, other = await in_one_batch(store, pool, ds, [
+        lambda: store.steps.write_step(b.lease, "charge", value="second"),
+        lambda: store.steps.write_step(a.lease, "charge", value="stale"),
+        lambda: store.steps.write_step(ds["other"].lease, "charge", value="other-second"),
+    ])
+
+    assert again == first and again.value == "first"
+    assert other == other_first
+    assert isinstance(stale, LeaseLost) and stale.token == a.lease.token
+    assert [(e["kind"], e["token"]) for e in await events_of(pool, "redelivered")] == [
+        ("step_recorded", b.lease.token), ("fenced_write_rejected", a.lease.token)]
+    assert [e["kind"] for e in await events_of(pool, "other")] == ["step_recorded"]
+
+
+async def test_each_deliverys_writes_stay_in_order_while_others_write(store, pool):
+    """Deliveries writing their steps one after another, all at once: each
+    delivery's steps and events are in its order, whatever was batched with
+    what."""
+    ids = [f"seq-{i}" for i in range(12)]
+    ds = await claimed(store, ids)
+    keys = [f"step-{n}" for n in range(6)]
+
+    async def run(eid: str) -> None:
+        for n, key in enumerate(keys):
+            rec = await store.steps.write_step(ds[eid].lease, key, value=n, position=n)
+            assert (rec.step_key, rec.value) == (key, n)
+
+    gc = writer(store)
+    batches, requests = gc.batches, gc.requests
+    await asyncio.gather(*(run(eid) for eid in ids))
+    assert gc.requests - requests == len(ids) * len(keys)
+    assert gc.batches - batches < gc.requests - requests, "some writes were combined"
+    for eid in ids:
+        assert [e["detail"]["stepKey"] for e in await events_of(pool, eid)] == keys
+
+
+async def test_concurrent_deliveries_with_stale_ones_each_get_their_own_answer(
+    store, pool, clock
+):
+    """Without a gate: rounds of ten deliveries writing at once, three of
+    them stale holders. Each answer is right for its own token, whichever
+    writes went together. Both cases happened: a stale write sent alone, and
+    one in a batch with current holders' writes (the batches are recorded by
+    wrapping the store's own flush)."""
+    random.seed(18)
+    sent: list[list[Any]] = []
+
+    async def recording_flush(writes: list[Any]) -> Any:
+        sent.append(writes)
+        return await store.steps._flush_step_writes(writes)
+
+    store.steps.step_writes = GroupCommit(recording_flush)
+    seen = Outcomes("stale-alone", "stale-with-current")
+    for r in seen.rounds(20, 200):
+        ids = [f"r{r}-{i}" for i in range(10)]
+        ds = await claimed(store, ids)
+        stale = set(random.sample(ids, 3))
+        for eid in stale:
+            await clock.expire_lease(eid)
+        assert sorted(await claim(store, "worker-2")) == sorted(stale)
+        leases = {eid: ds[eid].lease for eid in ids}
+        del sent[:]
+
+        async def write(eid: str, lease: Lease) -> StepRecord | LeaseLost:
+            if random.random() < 0.5:
+                await asyncio.sleep(random.random() * 0.002)
+            try:
+                return await store.steps.write_step(lease, "s", value=eid)
+            except LeaseLost as exc:
+                return exc
+
+        answers = dict(zip(ids, await asyncio.gather(*(write(e, leases[e]) for e in ids)),
+                           strict=True))
+        for batch in sent:
+            batch_ids = {w.lease.execution_id for w in batch}
+            for _ in batch_ids & stale:
+                seen.add("stale-with-current" if batch_ids - stale else "stale-alone",
+                         f"round {r}")
+        for eid, answer in answers.items():
+            if eid in stale:
+                assert isinstance(answer, LeaseLost), (eid, answer)
+                assert await step_rows(pool, eid) == {}
+                assert [(e["kind"], e["token"]) for e in await events_of(pool, eid)] == [
+                    ("fenced_write_rejected", leases[eid].token)]
+            else:
+                assert isinstance(answer, StepRecord), (eid, answer)
+                assert (answer.value, answer.token) == (eid, leases[eid].token)
+                assert [(e["kind"], e["token"]) for e in await events_of(pool, eid)] == [
+                    ("step_recorded", leases[eid].token)]
+    seen.assert_each("10 writes at once, 3 of them stale", "stale writes")
