@@ -1,16 +1,27 @@
 """Admission: an execution and its first wake recorded in one statement, under
-an ID that is never reused."""
+an ID that is never reused.
+
+On the pool, concurrent admissions in one process are combined (group
+commit): a batch is admitted by one statement, and any request that
+statement did not admit is answered alone by the single-request statement,
+the one rule for every refusal (ID taken, retired, taken by another request
+of the same batch) and for values Postgres cannot store. Both statements are
+built from one template, so they admit alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
 
-from app.store.handle import StoreObject
+from app.store.group_commit import GroupCommit
+from app.store.handle import Handle, StoreConfig, StoreObject
+from app.store.retry import RetryingPool
 from app.store.types import NOTIFY_CHANNEL, Admitted, Conflict, InvalidEvent
 
 
@@ -23,7 +34,118 @@ class Existing:
     status: str
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One admission's values, in the order of the statement's columns
+    (`_COLUMN_TYPES`)."""
+
+    execution_id: str
+    workflow_id: str
+    params: Any
+    context: dict[str, Any]
+    deadline: datetime | None
+    code_version: str | None
+    timeout_seconds: float | None
+    admitted_by: str | None
+    traceparent: str | None
+    request_id: str | None
+    queue: str
+    concurrency_key: str | None
+    priority: int
+    start_at: datetime | None
+    delay_seconds: float | None
+
+
+_COLUMN_TYPES = ("text", "text", "jsonb", "jsonb", "timestamptz", "text", "float8", "text",
+                 "text", "text", "text", "text", "int4", "timestamptz", "float8")
+_COLUMNS = tuple(f.name for f in dataclasses.fields(_Request))
+assert len(_COLUMNS) == len(_COLUMN_TYPES)
+
+
+def _admission_sql(requests: str) -> str:
+    """The admission statement over `requests`: rows of `_COLUMNS` plus
+    `ord` (the request's position), at most one row per execution ID. It
+    returns (ord, execution_id, status) for each request it admitted."""
+    return f"""
+    WITH r AS ({requests}), ins AS (
+        INSERT INTO executions
+            (execution_id, workflow_id, params, context, status, due_at,
+             deadline, code_version, admitted_by, traceparent, queue,
+             concurrency_key, priority)
+        -- Python None is SQL NULL on the wire; as params it means JSON null.
+        SELECT r.execution_id, r.workflow_id, coalesce(r.params, 'null'::jsonb), r.context,
+               'admitted',
+               greatest(now(), coalesce(r.start_at, now()
+                   + make_interval(secs => coalesce(r.delay_seconds, 0)))),
+               coalesce(r.deadline, now() + make_interval(secs => r.timeout_seconds)),
+               r.code_version, r.admitted_by, r.traceparent, r.queue, r.concurrency_key,
+               r.priority
+        FROM r
+        -- IDs are never reused: not a retired one, and not one whose
+        -- row this statement sees. (A row being deleted by retention
+        -- is still seen: the insert must not wait for that delete
+        -- and then take the ID its tombstone is retiring.)
+        WHERE NOT EXISTS (SELECT 1 FROM retired_executions t
+                          WHERE t.execution_id = r.execution_id)
+          AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.execution_id = r.execution_id)
+        -- Rows are inserted in ID order, so two statements waiting on each
+        -- other's uncommitted IDs always wait in one direction (no deadlock).
+        ORDER BY r.execution_id
+        ON CONFLICT (execution_id) DO NOTHING
+        RETURNING execution_id, status, queue
+    ), ev AS (
+        INSERT INTO execution_events (execution_id, kind, detail)
+        SELECT ins.execution_id, 'admitted',
+               jsonb_strip_nulls(jsonb_build_object('workflowId', r.workflow_id,
+                                                    'requestId', r.request_id))
+        FROM ins JOIN r USING (execution_id)
+    ), new_queue AS (
+        -- Claims read the queues table: every execution's queue is in it.
+        INSERT INTO queues (name)
+        SELECT DISTINCT ins.queue FROM ins
+        WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = ins.queue)
+        ORDER BY 1
+        ON CONFLICT DO NOTHING
+    )
+    -- NOTIFY is delivered on commit, so idle workers start at once.
+    SELECT r.ord, ins.execution_id, ins.status, pg_notify('{NOTIFY_CHANNEL}', '')
+    FROM ins JOIN r USING (execution_id)
+    """
+
+
+# One request: its values as parameters $1..$15.
+_ADMIT_ONE = _admission_sql(
+    "SELECT " + ", ".join(f"${i}::{t} AS {c}" for i, (c, t)
+                          in enumerate(zip(_COLUMNS, _COLUMN_TYPES, strict=True), 1))
+    + ", 1::bigint AS ord")
+# A batch: one array per column, but a JSON column's values travel as one
+# JSON array (encoded, and refused, exactly as a single value is), the
+# request's own picked by position. Of requests sharing an ID only the first
+# is here; the others are answered alone, after it, as any request for a
+# taken ID is.
+_ADMIT_BATCH = _admission_sql(
+    "SELECT DISTINCT ON (u.execution_id) "
+    + ", ".join(f"${i}::jsonb -> (u.ord - 1)::int AS {c}" if t == "jsonb" else f"u.{c}"
+                for i, (c, t) in enumerate(zip(_COLUMNS, _COLUMN_TYPES, strict=True), 1))
+    + ", u.ord FROM unnest("
+    + ", ".join(f"${i}::{t}[]" for i, t in enumerate(_COLUMN_TYPES, 1) if t != "jsonb")
+    + ") WITH ORDINALITY AS u("
+    + ", ".join(c for c, t in zip(_COLUMNS, _COLUMN_TYPES, strict=True) if t != "jsonb")
+    + ", ord) ORDER BY u.execution_id, u.ord")
+
+# What a value Postgres cannot store raises: NaN/Infinity (the encoder
+# refuses them), \u0000 and lone surrogates (jsonb and text refuse them).
+_UNSTORABLE = (ValueError, TypeError, asyncpg.DataError)
+
+
 class Admissions(StoreObject):
+    def __init__(self, db: Handle, config: StoreConfig) -> None:
+        super().__init__(db, config)
+        # On the pool, concurrent admissions share statements. In a caller's
+        # transaction, each admission is its own statement in that transaction.
+        self.group: GroupCommit[_Request, Admitted | None] | None = (
+            GroupCommit(self._admit_batch) if isinstance(db, RetryingPool) else None)
+
     async def admit(
         self,
         *,
@@ -52,77 +174,57 @@ class Admissions(StoreObject):
         Flow control: the execution is on `queue` (created, unlimited, if no
         one declared it), counted under `concurrency_key`, ordered by
         `priority` among the queue's due executions, and first due at
-        `start_at`, else `delay_seconds` after admission, else now."""
-        execution_id = execution_id or str(uuid.uuid4())
+        `start_at`, else `delay_seconds` after admission, else now.
+
+        On the pool the request first joins a batch; whatever the batch did
+        not admit is answered by the single statement, alone."""
+        request = _Request(
+            execution_id=execution_id or str(uuid.uuid4()), workflow_id=workflow_id,
+            params=params, context=context if context is not None else {}, deadline=deadline,
+            code_version=code_version, timeout_seconds=timeout_seconds,
+            admitted_by=admitted_by, traceparent=traceparent, request_id=request_id,
+            queue=queue, concurrency_key=concurrency_key, priority=priority,
+            start_at=start_at, delay_seconds=delay_seconds)
+        if self.group is not None:
+            admitted = await self.group.submit(request)
+            if admitted is not None:
+                return admitted
+        return await self._admit_alone(request, if_exists)
+
+    async def _admit_batch(self, requests: Sequence[_Request]) -> list[Admitted | None]:
+        """Admit a batch in one statement: each request's `Admitted`, or None
+        for a request it did not admit (the caller then admits it alone,
+        which answers why). One unstorable value fails the whole statement,
+        and nothing is stored: then every request is admitted alone, so only
+        that one request's answer is the error."""
+        columns = [[getattr(r, c) for r in requests] for c in _COLUMNS]
+        try:
+            rows = await self.db.fetch(_ADMIT_BATCH, *columns)
+        except _UNSTORABLE:
+            return [None] * len(requests)
+        admitted = {row["ord"]: Admitted(row["execution_id"], row["status"]) for row in rows}
+        return [admitted.get(ord_) for ord_ in range(1, len(requests) + 1)]
+
+    async def _admit_alone(self, request: _Request,
+                           if_exists: Literal["error", "return"]) -> Admitted | Conflict | Existing:
+        args = [getattr(request, c) for c in _COLUMNS]
         for _ in range(3):
             try:
-                row = await self.db.fetchrow(
-                    f"""
-                    WITH ins AS (
-                        INSERT INTO executions
-                            (execution_id, workflow_id, params, context, status, due_at,
-                             deadline, code_version, admitted_by, traceparent, queue,
-                             concurrency_key, priority)
-                        -- Python None is SQL NULL on the wire; as params it means JSON null.
-                        SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, 'admitted',
-                               greatest(now(), coalesce($14::timestamptz, now()
-                                   + make_interval(secs => coalesce($15::float8, 0)))),
-                               coalesce($5, now() + make_interval(secs => $7::float8)), $6, $8,
-                               $9, $11, $12, $13
-                        -- IDs are never reused: not a retired one, and not one whose
-                        -- row this statement sees. (A row being deleted by retention
-                        -- is still seen: the insert must not wait for that delete
-                        -- and then take the ID its tombstone is retiring.)
-                        WHERE NOT EXISTS (SELECT 1 FROM retired_executions
-                                          WHERE execution_id = $1)
-                          AND NOT EXISTS (SELECT 1 FROM executions WHERE execution_id = $1)
-                        ON CONFLICT (execution_id) DO NOTHING
-                        RETURNING execution_id, status
-                    ), ev AS (
-                        INSERT INTO execution_events (execution_id, kind, detail)
-                        SELECT execution_id, 'admitted',
-                               jsonb_strip_nulls(jsonb_build_object('workflowId', $2::text,
-                                                                    'requestId', $10::text))
-                        FROM ins
-                    ), new_queue AS (
-                        -- Claims read the queues table: every execution's queue is in it.
-                        INSERT INTO queues (name) SELECT $11 FROM ins
-                        WHERE NOT EXISTS (SELECT 1 FROM queues WHERE name = $11)
-                        ON CONFLICT DO NOTHING
-                    )
-                    -- NOTIFY is delivered on commit, so idle workers start at once.
-                    SELECT execution_id, status, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins
-                    """,
-                    execution_id,
-                    workflow_id,
-                    params,
-                    context if context is not None else {},
-                    deadline,
-                    code_version,
-                    timeout_seconds,
-                    admitted_by,
-                    traceparent,
-                    request_id,
-                    queue,
-                    concurrency_key,
-                    priority,
-                    start_at,
-                    delay_seconds,
-                )
-            except (ValueError, TypeError, asyncpg.DataError) as exc:
-                # NaN/Infinity (the encoder refuses them), \u0000 and lone
-                # surrogates (jsonb refuses them): nothing was stored.
+                row = await self.db.fetchrow(_ADMIT_ONE, *args)
+            except _UNSTORABLE as exc:
+                # Nothing was stored.
                 raise InvalidEvent(str(exc)) from exc
             if row is not None:
                 return Admitted(row["execution_id"], row["status"])
-            holder = await self._id_holder(execution_id, workflow_id, params)
+            holder = await self._id_holder(request.execution_id, request.workflow_id,
+                                           request.params)
             if isinstance(holder, Existing) and if_exists == "error":
-                return Conflict(holder.execution_id, holder.status, workflow_id)
+                return Conflict(holder.execution_id, holder.status, request.workflow_id)
             if holder is not None:
                 return holder
             # Seen, then deleted before this read without a tombstone: again.
-        raise RuntimeError(f"admission of {execution_id!r} found the ID taken and then free, "
-                           "three times")
+        raise RuntimeError(f"admission of {request.execution_id!r} found the ID taken and "
+                           "then free, three times")
 
     async def _id_holder(self, execution_id: str, workflow_id: str,
                          params: Any) -> Conflict | Existing | None:
