@@ -22,8 +22,19 @@ import pytest
 
 from app.store import Admitted, Conflict, ExecutionStore, Existing, InvalidEvent
 from app.store.group_commit import GroupCommit
-from tests.store.test_integrity_retired import age, finish
 from tests.support.waiting import wait_until
+
+
+async def retire(store: ExecutionStore, pool: asyncpg.Pool, execution_id: str) -> None:
+    """Admit, run to completion, and prune: the ID is retired."""
+    assert await store.admissions.admit(workflow_id="ret-wf", params={},
+                                        execution_id=execution_id) == \
+        Admitted(execution_id, "admitted")
+    [d] = await store.leases.claim_due(1, 30.0, "w", ["ret-wf"])
+    await store.leases.acknowledge(d.lease, "completed", result={"ok": True})
+    await pool.execute("UPDATE executions SET updated_at = now() - interval '30 days' "
+                       "WHERE execution_id = $1", execution_id)
+    assert await store.history.prune_terminal(14 * 86400, 100) == 1
 
 
 def spy_batches(store: ExecutionStore) -> list[list[str]]:
@@ -185,12 +196,10 @@ async def test_ids_repeated_within_and_across_concurrent_batches_are_admitted_on
 
 
 async def test_a_batch_refuses_taken_and_retired_ids_and_returns_equal_admissions(
-        store: ExecutionStore, pool: asyncpg.Pool, clock) -> None:
+        store: ExecutionStore, pool: asyncpg.Pool) -> None:
     assert await store.admissions.admit(workflow_id="ga-wf", params={"a": 1},
                                         execution_id="ga-old") == Admitted("ga-old", "admitted")
-    await finish(store, clock, "ga-ret")
-    await age(pool, "ga-ret")
-    assert await store.history.prune_terminal(14 * 86400, 100) == 1
+    await retire(store, pool, "ga-ret")
     batches = spy_batches(store)
     calls: list[dict[str, Any]] = [
         {"workflow_id": "ga-wf", "params": {"n": i}, "execution_id": f"ga-new-{i}"}
