@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import gc
 import logging
 import socket
 import sys
@@ -102,6 +103,20 @@ def import_workflows(settings: Settings) -> dict[str, WorkflowDefinition]:
 
 
 API_SHUTDOWN_SECONDS = 5
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once a process has started: what it holds from start-up on (modules,
+    the app, schemas, pools) is never garbage, so it leaves the collector's
+    generations and no collection walks it again; and the young generation
+    is collected every GC_YOUNG_THRESHOLD allocations instead of 700 (most of
+    a request's or a delivery's objects die by reference count; cycles wait
+    a little longer). Measured with `fencepost bench`: the API spent about a
+    tenth of its CPU in the collector before."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_api(args: argparse.Namespace, settings: Settings) -> int:
@@ -145,6 +160,10 @@ def run_api(args: argparse.Namespace, settings: Settings) -> int:
         timeout_graceful_shutdown=API_SHUTDOWN_SECONDS)
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)  # the lifespan's start-up included
+            settle_heap()
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # SIGTERM, SIGINT
             # The long-polls (waitSeconds up to 60) answer now with the record
             # as it is: a stop is not held up by them, and no client is cut.
@@ -228,6 +247,8 @@ def run_worker(args: argparse.Namespace, settings: Settings) -> int:
         except OSError as exc:  # taken since the check: still the port, not the database
             raise ConfigurationError(f"--metrics-port {args.metrics_port}: cannot serve "
                                      f"metrics on {args.metrics_host} ({exc})") from None
+
+    settle_heap()
 
     async def main() -> None:
         worker.install_signal_handlers()

@@ -59,13 +59,26 @@ def span(name: str, *, parent: str | None = None,
     if trace is None:
         yield None
         return
-    provider = PROVIDER or trace.get_tracer_provider()
     context = propagate.extract({"traceparent": parent}) if parent else None
-    tracer = provider.get_tracer("fencepost")
+    tracer = PROVIDER.get_tracer("fencepost") if PROVIDER is not None else _global_tracer()
     with tracer.start_as_current_span(name, context=context,
                                       attributes={k: v for k, v in (attributes or {}).items()
                                                   if v is not None}) as current:
         yield current
+
+
+_TRACER: Any = None
+
+
+def _global_tracer() -> Any:
+    """The global provider's tracer, looked up once. Before a provider is set
+    it is OpenTelemetry's proxy tracer, which hands each span to the provider
+    set later (set once, never replaced): the same spans as a lookup per span,
+    without reading the environment on every span."""
+    global _TRACER
+    if _TRACER is None:
+        _TRACER = trace.get_tracer_provider().get_tracer("fencepost")
+    return _TRACER
 
 
 def current_traceparent() -> str | None:
