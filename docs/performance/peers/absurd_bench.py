@@ -114,7 +114,8 @@ def main() -> int:
     install_schema(args.url)
     command = [sys.executable, __file__, args.url, "--worker",
                "--concurrency", str(args.concurrency)]
-    workers = [subprocess.Popen(command) for _ in range(args.workers)]
+    # The workers print nothing to stdout, which carries the result line only.
+    workers = [subprocess.Popen(command, stdout=sys.stderr) for _ in range(args.workers)]
     try:
         # The warm-up also waits for every worker to be up and claiming.
         warm = asyncio.run(_spawn_all(args.url, min(100, args.executions), -1_000_000,

@@ -60,8 +60,9 @@ class Meter:
         self.pids = pids
         with psycopg.connect(url) as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        backend = _stat(int(row[0])) if _named_postgres(int(row[0])) else None
+            assert row is not None
+            # Read while the connection is open: its backend exits with it.
+            backend = _stat(int(row[0])) if _named_postgres(int(row[0])) else None
         parent = int(backend[1]) if backend is not None else None
         # None when the server is not on this machine (or not visible in /proc).
         self.postmaster = parent if parent is not None and _named_postgres(parent) else None

@@ -16,7 +16,8 @@
 #
 # Environment: PYTHON (makes the peers' venvs; default python3), FENCEPOST_PYTHON
 # (a Python with fencepost installed; default the checkout's .venv), SYSTEMS
-# (default "fencepost dbos absurd"), and the peers' own settings:
+# (default "fencepost dbos absurd"), ROUNDS (default 1: each system once; more
+# rounds rotate the order, and every line says its round), and the peers' own settings:
 # DBOS_ARGS (e.g. "--mode async"), ABSURD_ARGS (e.g. "--workers 2 --concurrency 32").
 set -euo pipefail
 
@@ -26,6 +27,7 @@ n=${1:-2000}
 python=${PYTHON:-python3}
 project_python=${FENCEPOST_PYTHON:-$root/.venv/bin/python}
 systems=${SYSTEMS:-fencepost dbos absurd}
+rounds=${ROUNDS:-1}
 venvs=$here/.venvs
 # `python -m app.cli` then runs the fencepost of the checkout this script is in
 # (the current directory comes first on the module path), its children too.
@@ -95,13 +97,23 @@ run_absurd() {
     "$(venv absurd)" "$here/absurd_bench.py" "$1" --executions "$n" ${ABSURD_ARGS:-}
 }
 
+# Each round runs every system once, the order rotated from round to round,
+# so that drift in the machine's load does not fall on one system only.
+read -r -a order <<<"$systems"
 status=0
-for system in $systems; do
-    url=$("$project_python" "$here/postgres.py" database "$server" "fencepost_peers_$system")
-    log "$system: $n executions (load average $(load))"
-    if ! "run_$system" "$url"; then
-        echo "{\"system\": \"$system\", \"error\": \"failed, see above\"}"
-        status=1
-    fi
+for ((round = 1; round <= rounds; round++)); do
+    for ((i = 0; i < ${#order[@]}; i++)); do
+        system=${order[(i + round - 1) % ${#order[@]}]}
+        url=$("$project_python" "$here/postgres.py" database "$server" "fencepost_peers_$system")
+        log "round $round, $system: $n executions (load average $(load))"
+        if ! "run_$system" "$url" | ROUND=$round "$project_python" -c '
+import json, os, sys
+for line in sys.stdin:
+    print(json.dumps({**json.loads(line), "round": int(os.environ["ROUND"])}), flush=True)'
+        then
+            echo "{\"system\": \"$system\", \"round\": $round, \"error\": \"failed, see above\"}"
+            status=1
+        fi
+    done
 done
 exit "$status"
