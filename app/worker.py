@@ -23,6 +23,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
@@ -84,6 +85,21 @@ _LISTEN_LOST: tuple[type[BaseException], ...] = (
 # claims at once (start latency), a busy one in batches (fewer statements).
 CLAIM_BATCH_SECONDS = 0.003
 
+# How many passes of the event loop a pending signal's handler may need to
+# run: a signal reaches the loop as a byte on its wakeup socket, read at the
+# loop's next I/O poll, and the handler is queued behind every callback
+# already ready. uvloop runs it within 2 yields of the task that saw the
+# signal land, asyncio's own loop within 3 (tests/worker_processes/
+# test_stop_before_claim.py checks both).
+SIGNAL_PASSES = 3
+
+
+async def let_pending_signals_run() -> None:
+    """Return once the handler of any signal this process received before
+    the call has run (see SIGNAL_PASSES)."""
+    for _ in range(SIGNAL_PASSES):
+        await asyncio.sleep(0)
+
 
 @dataclass
 class Running:
@@ -98,6 +114,11 @@ class Running:
     enforcing: asyncio.TimerHandle | None = None
     # The final write, once started: the drain waits for it, never releases under it.
     finishing: asyncio.Future | None = None
+    # When the claim began by the database clock, and the event loop's time
+    # when the delivery started: how this worker places a database time it
+    # is told (the wake time of a suspension) on its own clock.
+    claimed_at: datetime | None = None
+    started_at: float = 0.0
 
 
 def _model_name(definition: WorkflowDefinition) -> str:
@@ -159,6 +180,8 @@ class Worker:
         self._stopping = asyncio.Event()  # stop claiming
         self._done = asyncio.Event()  # renewer and listener may stop
         self._maybe_more_due = False
+        # The event loop's time the idle claimer sleeps until (None: awake).
+        self._claim_at: float | None = None
         self._signals = 0
         self.log = Fields(log, {"worker_id": self.worker_id})
         METRICS.init_workflows(workflows)
@@ -351,6 +374,10 @@ class Worker:
                            else self.settings.cancel_grace_seconds for w in workflow_ids]
         # The code version each carries: versioned executions route by it.
         versions = [self.workflows[w].version for w in workflow_ids]
+        loop = asyncio.get_running_loop()
+        # The event loop's time when the earliest due time the last claim
+        # told of comes (None: it told of none).
+        next_due: float | None = None
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             if 0 < free < self.concurrency:
@@ -362,6 +389,14 @@ class Worker:
                 free = self.concurrency - len(self._running)
             self._wakeup.clear()
             if free > 0:
+                # No claim begins after a stop signal reached this process:
+                # its handler (request_stop) runs before this check, even
+                # when the signal landed in the same loop pass that woke the
+                # claimer (a due time, a NOTIFY, a freed slot).
+                await let_pending_signals_run()
+                if self._stopping.is_set():
+                    break
+                free = self.concurrency - len(self._running)
                 try:
                     deliveries = await self._db.leases.claim_due(
                         free, self.settings.lease_seconds, self.worker_id, workflow_ids,
@@ -375,6 +410,8 @@ class Worker:
                     self.log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._sleep(delay)
                     continue
+                next_due = (None if deliveries.next_due_in is None
+                            else loop.time() + deliveries.next_due_in)
                 steps = await self._prefetch_steps(deliveries)
                 for delivery in deliveries:
                     self._start(delivery, steps.get(delivery.lease.execution_id))
@@ -385,7 +422,16 @@ class Worker:
                                         or any(d.slot_limited for d in deliveries))
                 if self._maybe_more_due:
                     continue
-            await self._sleep(self.settings.poll_seconds)
+            # Until the earliest due time the claim told of (a timer is
+            # claimed when due, not at the next poll), at most the poll
+            # interval: admissions, wakes and signals NOTIFY; the poll covers
+            # what no NOTIFY announces (a due time another process set after
+            # this claim, a redelivery delay ending). A millisecond past it,
+            # so that the claim's clock sees it due.
+            wait = self.settings.poll_seconds
+            if next_due is not None:
+                wait = min(wait, max(0.0, next_due - loop.time()) + 0.001)
+            await self._sleep(wait)
 
     async def _prefetch_steps(self, deliveries: list[Delivery]) -> dict[str, dict]:
         """The recorded steps of claimed replays, in one statement. The claim
@@ -408,11 +454,30 @@ class Worker:
             return {eid: steps for eid, steps in none_yet.items() if eid not in replays}
 
     async def _sleep(self, seconds: float) -> None:
-        """Sleep until woken (notify, a freed slot, stop) or `seconds` pass."""
+        """Sleep until woken (notify, a freed slot, a nearer due time, stop)
+        or `seconds` pass."""
+        self._claim_at = asyncio.get_running_loop().time() + seconds
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
         except TimeoutError:
             pass
+        finally:
+            self._claim_at = None
+
+    def _suspended_until(self, lease: Lease, until: Any) -> None:
+        """A delivery of this worker suspended until `until` (a wake time, by
+        the database clock): a claimer asleep past it is woken, and its claim
+        tells it the due time exactly (a timer this worker set is claimed when
+        due, whatever the poll interval)."""
+        running = self._running.get(lease.execution_id)
+        if (self._claim_at is None or not isinstance(until, datetime) or running is None
+                or running.lease.token != lease.token or running.claimed_at is None):
+            return
+        # Placed on this loop's clock from the claim's: late by at most the
+        # claim's round trip, which the claim woken here corrects.
+        at = running.started_at + (until - running.claimed_at).total_seconds()
+        if at < self._claim_at:
+            self._wakeup.set()
 
     def _lose(self, running: Running) -> None:
         """The delivery's token is no longer current: latch it and stop it."""
@@ -433,7 +498,9 @@ class Worker:
             self._lose(stale)
         task = asyncio.create_task(self._traced(delivery, steps), name=f"delivery {eid}")
         started = time.perf_counter()
-        running = self._running[eid] = Running(delivery.lease, task, delivery.workflow_id)
+        running = self._running[eid] = Running(
+            delivery.lease, task, delivery.workflow_id, claimed_at=delivery.claimed_at,
+            started_at=asyncio.get_running_loop().time())
         METRICS.in_flight.set(len(self._running))
         if delivery.interrupt is not None and delivery.cleanup_ends is not None:
             # A cleanup delivery: bounded by its window from the start.
@@ -651,6 +718,8 @@ class Worker:
             except InvalidEvent as exc:
                 error = {"name": "ResultNotJSON", "message": f"the result cannot be stored: {exc}"}
                 ack = await self._db.leases.acknowledge(lease, "failed", error=error)
+            if ack.status == "suspended" and waiting_on is not None:
+                self._suspended_until(lease, waiting_on.get("until"))
             self._ended(lease, kind, error, ack.status)
         except LeaseLost:
             METRICS.fenced_writes_rejected.inc()

@@ -51,12 +51,25 @@ CARRIED = """($6::text[] IS NULL OR (e.workflow_id = ANY($6::text[])
                      WHERE c.workflow_id = e.workflow_id AND c.version = e.code_version))))"""
 
 
+class Claimed(list[Delivery]):
+    """A claim's deliveries, and `next_due_in`: seconds from the claim until
+    the earliest due time still to come (a timer, a delayed start, a wake)
+    of an execution the claim could not take yet, by the database clock;
+    None when nothing waits for a time."""
+
+    def __init__(self, deliveries: list[Delivery], next_due_in: float | None) -> None:
+        super().__init__(deliveries)
+        self.next_due_in = next_due_in
+
+
 class Leases(StoreObject):
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
         cleanup_seconds: list[float] | None = None, versions: list[str | None] | None = None,
-    ) -> list[Delivery]:
-        """Lease at most `limit` due executions in one statement.
+    ) -> Claimed:
+        """Lease at most `limit` due executions in one statement; the answer
+        also says when the next one not due yet will be (Claimed.next_due_in),
+        so an idle claimer waits until then rather than poll.
 
         Candidates are due admitted/suspended rows past their redelivery delay,
         and running rows whose lease expired (and whose redelivery delay since
@@ -78,7 +91,7 @@ class Leases(StoreObject):
         window's end.
         """
         if limit <= 0:
-            return []
+            return Claimed([], None)
         rows = await self.db.fetch(
             f"""
             WITH lim AS MATERIALIZED (
@@ -260,8 +273,16 @@ class Leases(StoreObject):
                 UNION ALL
                 SELECT execution_id, 'claimed', token, jsonb_build_object('owner', $3::text)
                 FROM claimed
+            ), next_due AS (
+                -- The earliest due time still to come, whoever may run it (one
+                -- probe of ix_executions_due): the claimer sleeps until then.
+                -- A row this claim takes is due now, so it never counts here.
+                SELECT extract(epoch FROM min(x.due_at) - now())::float8 AS next_due_in
+                FROM executions x
+                WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now()
             )
-            SELECT * FROM claimed
+            -- One row even when nothing is claimed: the next due time alone.
+            SELECT c.*, n.next_due_in FROM next_due n LEFT JOIN claimed c ON true
             """,
             limit,
             float(duration),
@@ -273,12 +294,14 @@ class Leases(StoreObject):
             cleanup_seconds,
             versions,
         )
+        next_due_in = rows[0]["next_due_in"] if rows else None
+        rows = [r for r in rows if r["execution_id"] is not None]
         METRICS.claimed(cast("list[Mapping[str, Any]]", rows))  # rows read by key
         for r in rows:
             if r["how"] == "expired":
                 _log_takeover(r["execution_id"], r["old_owner"], r["token"] - 1, owner,
                               r["old_expiry"])
-        return [
+        return Claimed([
             Delivery(
                 lease=Lease(r["execution_id"], r["token"], r["lease_expires_at"], owner),
                 workflow_id=r["workflow_id"],
@@ -299,7 +322,7 @@ class Leases(StoreObject):
                 slot_limited=r["slot_limited"],
             )
             for r in rows
-        ]
+        ], next_due_in)
 
     async def renew(
         self, leases: list[Lease], duration: float

@@ -84,6 +84,22 @@ async def test_sleep_until_suspends_until_the_given_time_and_resumes(store, pool
     assert flows.calls(eid, "after") == 1
 
 
+async def test_an_idle_worker_wakes_at_the_next_due_time_not_at_its_next_poll(store, workers):
+    # Polling only every 60 s, the worker still runs a timer due in 2 s about
+    # when it is due: it waits until the earliest due time it knows of (its
+    # claim's answer; a suspension of its own wakes it to claim), capped by
+    # the poll interval.
+    await workers.start(poll_seconds=60.0)
+    until = await store.clock.db_now() + timedelta(seconds=2)
+    eid = await admit(store, "sdk-sleep-until", "until-on-time", {"until": until.isoformat()})
+    await wait_status(store, eid, "suspended")
+
+    record = await wait_status(store, eid, "completed", timeout=20)
+
+    assert flows.calls(eid, "after") == 1
+    assert record["updated_at"] < until + timedelta(seconds=20)
+
+
 async def test_sleep_until_a_past_time_does_not_suspend(store, workers):
     await workers.start()
     until = await store.clock.db_now() - timedelta(minutes=1)
