@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Longest a single statement may run before Postgres cancels it."
     )
     poll_seconds: float = Field(
-        1.0, gt=0, description="How often an idle worker polls for due executions (LISTEN/NOTIFY wakes it sooner)."
+        1.0, gt=0, description="How often an idle worker polls for due executions at most (LISTEN/NOTIFY wakes it sooner, and it wakes at the earliest due time its last claim told of)."
     )
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, description="How long a stopping worker lets running deliveries finish before releasing them."
