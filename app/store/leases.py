@@ -7,18 +7,22 @@ app/store/fencing.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
 import asyncpg
 
+from app.db import _encode_json as encode_json
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.fencing import INTERRUPT_SQL, rejected
-from app.store.handle import StoreObject
+from app.store.group_commit import GroupCommit
+from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.policy import CANCELLED_OUTCOME, SWEEP, TIMED_OUT_OUTCOME, settle
+from app.store.retry import RetryingPool
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
     NOTIFY_CHANNEL,
@@ -36,9 +40,99 @@ log = logging.getLogger("fencepost.leases")
 # A suspension acknowledged after a cancel request or the deadline, by code
 # that had not met it, within the cleanup window: the execution stays
 # suspended and is due at once, so the next delivery raises it at the wait.
-_CLEANUP_DUE = """($3 = 'suspended'
+_CLEANUP_DUE = """(i.reported = 'suspended'
     AND (e.cancel_requested_at IS NOT NULL OR e.deadline <= now())
     AND fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now())"""
+
+# Acknowledgements, one row of input each ($1..$5 parallel arrays: execution,
+# token, reported status, outcome, traceback, waiting_on as JSON text): a
+# lone one is a batch of one. Each row keeps its own fence (its token, still
+# running) and its own outcome rules; what one row's answer is never depends
+# on another row of the batch.
+_ACKNOWLEDGE = f"""
+WITH i AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
+                         $6::text[])
+        WITH ORDINALITY AS i(execution_id, token, reported, outcome, traceback,
+                             waiting_on, n)
+), held_back AS (
+    -- The parent of an execution acknowledged in the same statement is left
+    -- out, to be acknowledged after it, alone: the child's end wakes its
+    -- parent, and one statement must not write one row twice (only one
+    -- write would stand). Children hold their parent's ID from admission on.
+    SELECT DISTINCT c.parent_execution_id AS execution_id
+    FROM i JOIN executions c ON c.execution_id = i.execution_id
+    WHERE c.parent_execution_id IS NOT NULL
+), a AS (
+    -- The UPDATE locks each row, so its token check and its write are one
+    -- step: no claim can land between them.
+    UPDATE executions e
+    SET status = CASE WHEN {_CLEANUP_DUE} THEN 'suspended'
+                      WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN e.deadline <= now() AND i.reported <> 'cancelled'
+                      THEN 'timed_out'
+                      ELSE i.reported END,
+        outcome = CASE WHEN {_CLEANUP_DUE} THEN NULL
+                       WHEN e.cancel_requested_at IS NOT NULL
+                       THEN {CANCELLED_OUTCOME}
+                       WHEN e.deadline <= now() AND i.reported <> 'cancelled'
+                       THEN {TIMED_OUT_OUTCOME}
+                       ELSE i.outcome::jsonb END,
+        ever_suspended = e.ever_suspended OR i.reported = 'suspended',
+        waiting_on = CASE WHEN i.reported = 'suspended' THEN i.waiting_on::jsonb END,
+        -- A wait ends at the deadline at the latest: the execution is due
+        -- then, and that delivery raises DeadlineExceeded where the code waits.
+        due_at = CASE WHEN {_CLEANUP_DUE} THEN now()
+                      WHEN i.reported = 'suspended' AND e.cancel_requested_at IS NULL
+                       AND (e.deadline IS NULL OR e.deadline > now())
+                      THEN least(e.due_at, e.deadline) END,
+        covered_due_at = NULL,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        unacknowledged_deliveries = 0,
+        last_unacknowledged_at = NULL,
+        redeliver_after = NULL,
+        updated_at = now()
+    FROM i
+    WHERE e.execution_id = i.execution_id AND e.token = i.token AND e.status = 'running'
+      AND e.execution_id NOT IN (SELECT execution_id FROM held_back)
+    RETURNING i.n, i.reported, i.traceback, e.execution_id, e.token, e.status, e.outcome,
+              e.due_at, e.parent_execution_id, e.workflow_id,
+              extract(epoch FROM now() - e.admitted_at) AS age
+), {WAKE_PARENTS.format(ended="a")}, ev AS (
+    INSERT INTO execution_events (execution_id, kind, token, detail)
+    SELECT execution_id, 'acknowledged', token,
+           jsonb_strip_nulls(jsonb_build_object(
+               'status', status, 'reported', reported, 'traceback', traceback))
+    FROM a
+    UNION ALL
+    SELECT execution_id, status, token, NULL FROM a
+    WHERE status IN ('cancelled', 'timed_out')
+)
+SELECT n, false AS held_back, status, outcome, workflow_id, age,
+       CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
+            THEN pg_notify('{NOTIFY_CHANNEL}', '') END,
+       {ENDED_NOTICE.format(ended="a")}
+FROM a
+UNION ALL
+SELECT n, true, NULL, NULL, NULL, NULL, NULL, NULL FROM i
+WHERE execution_id IN (SELECT execution_id FROM held_back)
+"""
+
+# What makes an acknowledgement's values unstorable (nothing of it written).
+_UNSTORABLE = (ValueError, TypeError, asyncpg.DataError)
+
+
+@dataclass(frozen=True)
+class _Ack:
+    """One acknowledgement: the lease it ends, the status its holder reports,
+    and the outcome, traceback and wait as sent (JSON text)."""
+
+    lease: Lease
+    status: str
+    outcome: str | None
+    traceback: str | None
+    waiting_on: str | None
 
 
 # What the claimer can run: the workflow ($6, NULL: any), and for an
@@ -63,6 +157,14 @@ class Claimed(list[Delivery]):
 
 
 class Leases(StoreObject):
+    def __init__(self, db: Handle, config: StoreConfig) -> None:
+        super().__init__(db, config)
+        # On the pool, concurrent acknowledgements (a worker's deliveries
+        # ending) go in one statement per batch; in a caller's transaction
+        # each is its own statement, so that it joins the transaction.
+        self.acknowledgements: GroupCommit[_Ack, Acknowledged] | None = (
+            GroupCommit(self._flush_acknowledgements) if isinstance(db, RetryingPool) else None)
+
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
         cleanup_seconds: list[float] | None = None, versions: list[str | None] | None = None,
@@ -498,7 +600,12 @@ class Leases(StoreObject):
         requested, `completed` is never recorded), and a passed deadline turns
         the acknowledgement into `timed_out` - except a suspension by code
         that had not yet met the cancel or deadline: within the cleanup
-        window it is made due at once, for the delivery that runs cleanup."""
+        window it is made due at once, for the delivery that runs cleanup.
+
+        On the pool, acknowledgements that arrive while earlier ones are in
+        flight go together in the next statement (group commit): each keeps
+        its own fence and rules and gets its own answer, and a result that
+        cannot be stored fails only its own acknowledgement (InvalidEvent)."""
         if status == "completed":
             outcome: dict[str, Any] | None = {"result": result}
         elif status in ("failed", "cancelled", "timed_out"):
@@ -508,85 +615,100 @@ class Leases(StoreObject):
         else:
             raise ValueError(f"cannot acknowledge status {status!r}")
         try:
-            row = await self.db.fetchrow(
-                f"""
-                WITH a AS (
-                    -- The UPDATE locks the row, so the token check and the write
-                    -- are one step: no claim can land between them.
-                    UPDATE executions e
-                    SET status = CASE WHEN {_CLEANUP_DUE} THEN 'suspended'
-                                      WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                                      WHEN e.deadline <= now() AND $3 <> 'cancelled'
-                                      THEN 'timed_out'
-                                      ELSE $3 END,
-                        outcome = CASE WHEN {_CLEANUP_DUE} THEN NULL
-                                       WHEN e.cancel_requested_at IS NOT NULL
-                                       THEN {CANCELLED_OUTCOME}
-                                       WHEN e.deadline <= now() AND $3 <> 'cancelled'
-                                       THEN {TIMED_OUT_OUTCOME}
-                                       ELSE $4 END,
-                        ever_suspended = e.ever_suspended OR $3 = 'suspended',
-                        waiting_on = CASE WHEN $3 = 'suspended' THEN $6::jsonb END,
-                        -- A wait ends at the deadline at the latest: the
-                        -- execution is due then, and that delivery raises
-                        -- DeadlineExceeded where the code waits.
-                        due_at = CASE WHEN {_CLEANUP_DUE} THEN now()
-                                      WHEN $3 = 'suspended' AND e.cancel_requested_at IS NULL
-                                       AND (e.deadline IS NULL OR e.deadline > now())
-                                      THEN least(e.due_at, e.deadline) END,
-                        covered_due_at = NULL,
-                        lease_owner = NULL,
-                        lease_expires_at = NULL,
-                        unacknowledged_deliveries = 0,
-                        last_unacknowledged_at = NULL,
-                        redeliver_after = NULL,
-                        updated_at = now()
-                    WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
-                    RETURNING e.execution_id, e.token, e.status, e.outcome, e.due_at,
-                              e.parent_execution_id, e.workflow_id,
-                              extract(epoch FROM now() - e.admitted_at) AS age
-                ), {WAKE_PARENTS.format(ended="a")}, ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
-                    SELECT execution_id, 'acknowledged', token,
-                           jsonb_strip_nulls(jsonb_build_object(
-                               'status', status, 'reported', $3::text, 'traceback', $5::text))
-                    FROM a
-                    UNION ALL
-                    SELECT execution_id, status, token, NULL FROM a
-                    WHERE status IN ('cancelled', 'timed_out')
-                )
-                SELECT status, outcome, workflow_id, age,
-                       CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
-                            THEN pg_notify('{NOTIFY_CHANNEL}', '') END,
-                       {ENDED_NOTICE.format(ended="a")}
-                FROM a
-                """,
-                lease.execution_id,
-                lease.token,
-                status,
-                outcome,
-                traceback,
-                waiting_on,
-            )
-        except (ValueError, TypeError, asyncpg.DataError) as exc:
+            ack = _Ack(lease, status, None if outcome is None else encode_json(outcome),
+                       traceback, None if waiting_on is None else encode_json(waiting_on))
+        except _UNSTORABLE as exc:
             # A result or error Postgres cannot store exactly: nothing written.
             raise InvalidEvent(str(exc)) from exc
-        if row is not None:
-            METRICS.ended([row["status"]])
+        if self.acknowledgements is None:
+            return await self._acknowledge_alone(ack)
+        return await self.acknowledgements.submit(ack)
+
+    async def _acknowledge_alone(self, ack: _Ack) -> Acknowledged:
+        [answer] = await self._acknowledge_batch([ack])
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def _flush_acknowledgements(
+            self, acks: list[_Ack]) -> list[Acknowledged | BaseException]:
+        """One batch of the group commit. A value of one acknowledgement that
+        cannot be stored fails the batch's statement (nothing of it written):
+        then each is sent alone, so that only that one gets InvalidEvent."""
+        try:
+            return await self._acknowledge_batch(acks)
+        except InvalidEvent:
+            if len(acks) == 1:
+                raise
+        answers: list[Acknowledged | BaseException] = []
+        for ack in acks:
+            try:
+                answers.append(await self._acknowledge_alone(ack))
+            except Exception as exc:  # this acknowledgement's answer alone
+                answers.append(exc)
+        return answers
+
+    async def _acknowledge_batch(self, acks: Sequence[_Ack]) -> list[Acknowledged | BaseException]:
+        """`acks` in one statement (_ACKNOWLEDGE), one answer per ack in
+        order: Acknowledged, or LeaseLost (recorded as a fenced write
+        rejected). A second acknowledgement of the same execution, and the
+        parent of another one in the batch, each go alone after the batch."""
+        first: dict[str, int] = {}
+        batch: list[_Ack] = []
+        later: list[int] = []
+        for index, ack in enumerate(acks):
+            if ack.lease.execution_id in first:
+                later.append(index)
+            else:
+                first[ack.lease.execution_id] = index
+                batch.append(ack)
+        try:
+            rows = await self.db.fetch(
+                _ACKNOWLEDGE,
+                [a.lease.execution_id for a in batch],
+                [a.lease.token for a in batch],
+                [a.status for a in batch],
+                [a.outcome for a in batch],
+                [a.traceback for a in batch],
+                [a.waiting_on for a in batch],
+            )
+        except _UNSTORABLE as exc:
+            # A result or error Postgres cannot store exactly: nothing written.
+            raise InvalidEvent(str(exc)) from exc
+        answers: dict[int, Acknowledged | BaseException] = {}
+        ended: list[str] = []
+        for row in rows:
+            index = first[batch[row["n"] - 1].lease.execution_id]
+            if row["held_back"]:
+                later.append(index)
+                continue
+            ended.append(row["status"])
             if row["status"] in TERMINAL_STATUSES:
                 METRICS.end_to_end_seconds.labels(row["workflow_id"]).observe(float(row["age"]))
-            return Acknowledged(row["status"], row["outcome"])
-        current = await self.db.fetchrow(
-            "SELECT token, status, outcome FROM executions WHERE execution_id = $1",
-            lease.execution_id,
-        )
-        if (
-            current is not None
-            and current["token"] == lease.token
-            and current["status"] in TERMINAL_STATUSES
-        ):
-            return Acknowledged(current["status"], current["outcome"])
-        raise await rejected(self.db, lease)
+            answers[index] = Acknowledged(row["status"], row["outcome"])
+        METRICS.ended(ended)
+        missed = [i for i in first.values() if i not in answers and i not in later]
+        if missed:
+            # Not acknowledged now: acknowledged before with this token (a
+            # terminal record keeps its outcome), or the fence refused it.
+            current = {r["execution_id"]: r for r in await self.db.fetch(
+                "SELECT execution_id, token, status, outcome FROM executions "
+                "WHERE execution_id = ANY($1::text[])",
+                [acks[i].lease.execution_id for i in missed])}
+            for i in missed:
+                lease = acks[i].lease
+                found = current.get(lease.execution_id)
+                if (found is not None and found["token"] == lease.token
+                        and found["status"] in TERMINAL_STATUSES):
+                    answers[i] = Acknowledged(found["status"], found["outcome"])
+                else:
+                    answers[i] = await rejected(self.db, lease)
+        for i in sorted(later):
+            try:
+                answers[i] = await self._acknowledge_alone(acks[i])
+            except Exception as exc:  # this acknowledgement's answer alone
+                answers[i] = exc
+        return [answers[i] for i in range(len(acks))]
 
     # -------------------------------------------------------------------- reaper
 
