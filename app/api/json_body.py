@@ -19,6 +19,7 @@ import re
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 
 __all__ = [
@@ -306,6 +307,66 @@ def _check_tree(value: Any, max_depth: int) -> None:
         stack.extend(reversed(pending))
 
 
+# The fast path (orjson) answers only when the strict parser would answer the
+# same value; anything else (an error of any kind, a possible difference) is
+# decided by the strict parser, so every refusal keeps its code and message.
+# What orjson refuses itself: invalid UTF-8, lone surrogates (escaped or
+# not), NaN/Infinity and numbers that overflow a double, control characters.
+_FAST_MAX_DEPTH = 256  # deeper limits: the strict parser (its recursion limit decides)
+# orjson reads an integer past 64 bits as a float: at least this large.
+_INTEGER_AS_FLOAT = 9.2e18
+# A JSON string in raw bytes (the document is known to be well-formed JSON).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_UNDECIDED = object()
+
+
+def _members(value: Any, max_depth: int) -> int | None:
+    """How many members the objects of a tree orjson parsed hold in all; None
+    when the strict parser must decide (nested too deep, or a float as large
+    as an integer orjson may have read past 64 bits)."""
+    if type(value) is float:
+        return None if abs(value) >= _INTEGER_AS_FLOAT else 0
+    if type(value) is not dict and type(value) is not list:
+        return 0
+    members = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > max_depth:
+            return None
+        if type(container) is dict:
+            members += len(container)
+            container = container.values()
+        for child in container:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is float and abs(child) >= _INTEGER_AS_FLOAT:
+                return None
+    return members
+
+
+def _parse_fast(raw: bytes, max_depth: int) -> Any:
+    """The value of ``raw`` as the strict parser would return it, or
+    _UNDECIDED when the strict parser must decide."""
+    if b"\\u0000" in raw:  # a NUL (orjson takes it; jsonb cannot store it)
+        return _UNDECIDED
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _UNDECIDED
+    members = _members(value, max_depth)
+    if members is None:
+        return _UNDECIDED
+    # orjson keeps the last of duplicate keys silently; the strict parser
+    # refuses them. Outside strings a colon only separates a key from its
+    # value, so the document's colons (those in strings taken out) count its
+    # members: more than the parsed objects hold means a key was repeated.
+    if raw.count(b":") != members and _JSON_STRING.sub(b"", raw).count(b":") != members:
+        return _UNDECIDED
+    return value
+
+
 def parse_json(raw: bytes, *, max_depth: int = 64) -> Any:
     """Parse ``raw`` as strict UTF-8 JSON whose value round-trips through jsonb.
 
@@ -315,6 +376,16 @@ def parse_json(raw: bytes, *, max_depth: int = 64) -> Any:
     objects (``[]`` is depth 1); values nested deeper than the interpreter's
     recursion limit are always rejected as too deep.
     """
+    if isinstance(raw, bytes) and max_depth <= _FAST_MAX_DEPTH:
+        value = _parse_fast(raw, max_depth)
+        if value is not _UNDECIDED:
+            return value
+    return _parse_strict(raw, max_depth)
+
+
+def _parse_strict(raw: bytes, max_depth: int) -> Any:
+    """parse_json with the standard library's parser and hooks: the
+    reference for every value and every refusal."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
