@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from app.dberrors import is_infrastructure
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.retry import RetryingPool
@@ -196,11 +197,16 @@ class Admissions(StoreObject):
         for a request it did not admit (the caller then admits it alone,
         which answers why). One unstorable value fails the whole statement,
         and nothing is stored: then every request is admitted alone, so only
-        that one request's answer is the error."""
+        that one request's answer is the error. A failing database is every
+        request's error."""
         columns = [[getattr(r, c) for r in requests] for c in _COLUMNS]
         try:
             rows = await self.db.fetch(_ADMIT_BATCH, *columns)
-        except _UNSTORABLE:
+        except Exception as exc:
+            if is_infrastructure(exc):  # the database failing: every request's answer
+                raise
+            # Anything else may be one request's own (an unstorable value,
+            # a key too long for its index): each is answered alone.
             return [None] * len(requests)
         admitted = {row["ord"]: Admitted(row["execution_id"], row["status"]) for row in rows}
         return [admitted.get(ord_) for ord_ in range(1, len(requests) + 1)]

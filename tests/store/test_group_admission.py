@@ -299,3 +299,26 @@ async def test_admission_in_a_callers_transaction_joins_it(
             raise RuntimeError("roll back")
     assert await pool.fetchval("SELECT count(*) FROM executions") == 0
     assert await pool.fetchval("SELECT count(*) FROM execution_events") == 0
+
+
+async def test_any_error_of_one_requests_own_fails_only_that_request(
+        store: ExecutionStore, pool: asyncpg.Pool) -> None:
+    """A workflow ID too long for its index fails the batch's statement
+    (program limit, not a data error): each request is then admitted alone,
+    and only that one gets the error it gets alone."""
+    rng = random.Random(18)
+    long_id = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12000))
+    async with store.transaction() as tx:
+        with pytest.raises(asyncpg.ProgramLimitExceededError) as alone:
+            await tx.admissions.admit(workflow_id=long_id, params={}, execution_id="ga-long")
+    batches = spy_batches(store)
+    calls: list[dict[str, Any]] = [
+        {"workflow_id": "ga-wf", "params": {"n": i}, "execution_id": f"ga-ok-{i}"}
+        for i in range(12)]
+    calls[7] = {**calls[7], "workflow_id": long_id}
+    answers = await admit_all(store, calls)
+    assert type(answers[7]) is type(alone.value), answers[7]
+    assert [a for i, a in enumerate(answers) if i != 7] == \
+        [Admitted(f"ga-ok-{i}", "admitted") for i in range(12) if i != 7]
+    assert any(len(b) > 5 and "ga-ok-7" in b for b in batches), batches
+    assert await pool.fetchval("SELECT count(*) FROM executions") == 11
