@@ -213,6 +213,10 @@ class Admissions(StoreObject):
 
     async def _admit_alone(self, request: _Request,
                            if_exists: Literal["error", "return"]) -> Admitted | Conflict | Existing:
+        """The single statement: admit, or answer who holds the ID. A batch
+        only ever answers "admitted"; every refusal is judged here. An ID
+        refused and then found free (its row deleted, without a tombstone, in
+        between) is tried again: three tries in all."""
         args = [getattr(request, c) for c in _COLUMNS]
         for _ in range(3):
             try:
