@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -54,7 +54,7 @@ async def stale_and_current(store: ExecutionStore, clock, eid: str) -> tuple[Del
 
 
 async def in_one_batch(store: ExecutionStore, pool, blockers: dict[str, Delivery],
-                       writes: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+                       writes: list[Callable[[], Coroutine[Any, Any, Any]]]) -> list[Any]:
     """Run `writes` (each a step write) so that they all go in ONE statement:
     the two blockers' writes hold both flushes in flight while the writes are
     submitted. Returns each write's result or exception, in order."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 from collections import Counter, defaultdict
 
+import asyncpg
 import pytest
 
 from tests.support.harness import LEASE_SECONDS, Harness, steps_spec
@@ -26,8 +27,13 @@ KEYS = [f"s{n}" for n in range(8)]
 TOTAL = EXECUTIONS * len(KEYS)
 
 
+def pool_of(h: Harness) -> asyncpg.Pool:
+    assert h.pool is not None, "the harness is open"
+    return h.pool
+
+
 async def recorded(h: Harness) -> list[dict]:
-    return [dict(r) for r in await h.pool.fetch(
+    return [dict(r) for r in await pool_of(h).fetch(
         "SELECT execution_id, at, token, detail ->> 'stepKey' AS step_key "
         "FROM execution_events WHERE kind = 'step_recorded' ORDER BY event_id")]
 
@@ -63,7 +69,7 @@ async def test_sigkill_while_step_writes_are_batched_every_write_commits_with_it
                      what="A a quarter of the way, its step writes batched")
     a.signal(signal.SIGKILL)
     assert await a.wait_exit(5) == -signal.SIGKILL
-    killed_at = await h.pool.fetchval("SELECT now()")
+    killed_at = await pool_of(h).fetchval("SELECT now()")
 
     # What A left: per execution, a prefix of its steps (a delivery's writes in
     # its order), each written with A's token, and not everything.
@@ -78,12 +84,12 @@ async def test_sigkill_while_step_writes_are_batched_every_write_commits_with_it
     b = await h.start_worker("B", concurrency=32)
 
     async def all_completed() -> bool:
-        return await h.pool.fetchval(
+        return await pool_of(h).fetchval(
             "SELECT count(*) FROM executions WHERE status = 'completed'") == EXECUTIONS
 
     await h.wait_for(all_completed, timeout=LEASE_SECONDS + 60, what="B completes everything")
 
-    claims = {(r["execution_id"], r["token"]): r["owner"] for r in await h.pool.fetch(
+    claims = {(r["execution_id"], r["token"]): r["owner"] for r in await pool_of(h).fetch(
         "SELECT execution_id, token, detail ->> 'owner' AS owner FROM execution_events "
         "WHERE kind = 'claimed'")}
     owner_of_pid = {a.pid: a.worker_id, b.pid: b.worker_id}
