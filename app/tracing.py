@@ -85,6 +85,10 @@ def current_traceparent() -> str | None:
     """The current span's W3C traceparent, or None (no span, or no OpenTelemetry)."""
     if trace is None:
         return None
+    # No valid span context (no span, or a no-op one without a parent): there
+    # is nothing to render; a traceparent of zeros would be refused below.
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return valid_traceparent(carrier.get("traceparent"))

@@ -9,10 +9,10 @@ from fastapi import FastAPI
 
 from app.api.auth import TokenVerifier
 from app.api.errors import install_error_handlers
-from app.api.http_metrics import HttpMetrics, preinitialise
-from app.api.limits import RequestGuard, parse_allowed_hosts
+from app.api.front import Front
+from app.api.http_metrics import preinitialise
+from app.api.limits import parse_allowed_hosts
 from app.api.openapi import publish
-from app.api.request_ids import RequestIds
 from app.api.routes import (
     bulk,
     executions,
@@ -76,12 +76,11 @@ def create_app(settings: Settings, workflows: dict[str, WorkflowDefinition] | No
         redoc_url="/redoc" if settings.api_docs else None,
     )
     install_error_handlers(app)
-    # Oversized heads (431) and, with an allow-list, foreign Host names (421)
-    # are refused before any route: app/api/limits.py.
-    app.add_middleware(RequestGuard, max_header_bytes=settings.max_header_bytes,
+    # One layer: HTTP metrics (counting the guard's refusals too), request
+    # IDs, and the refusal of oversized heads (431) and, with an allow-list,
+    # foreign Host names (421) before any route: app/api/front.py.
+    app.add_middleware(Front, max_header_bytes=settings.max_header_bytes,
                        allowed_hosts=parse_allowed_hosts(settings.allowed_hosts))
-    app.add_middleware(RequestIds)
-    app.add_middleware(HttpMetrics)  # outermost: counts the guard's refusals too
     publish(app)
     app.include_router(health.router)
     app.include_router(executions.router)

@@ -1,10 +1,11 @@
 """HTTP metrics of the API: requests by route template, method and status,
-and time to answer, counted by one ASGI middleware around every route (the
-request guard's 421/431 included, as route "(unmatched)")."""
+and time to answer, counted by the API's front layer (app/api/front.py)
+around every route (the request guard's 421/431 included, as route
+"(unmatched)")."""
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -13,32 +14,30 @@ from app.metrics import METRICS
 UNMATCHED = "(unmatched)"
 
 
-class HttpMetrics:
-    def __init__(self, app) -> None:
-        self.app = app
+class RouteCounters:
+    """Counts answers into METRICS. Each label set's counter and histogram
+    are looked up once and kept (the label sets are those the metrics keep
+    anyway), not looked up by label values on every answer."""
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # an exception that escapes every handler
+    def __init__(self) -> None:
+        self._requests: dict[tuple[str, str, int], Any] = {}
+        self._seconds: dict[tuple[str, str], Any] = {}
 
-        async def send_status(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            # The router writes the matched route into the request's scope.
-            route = scope.get("route")
-            template = getattr(route, "path", None) or UNMATCHED
-            method = scope["method"]
-            METRICS.http_requests.labels(template, method, str(status)).inc()
-            METRICS.http_seconds.labels(template, method).observe(time.perf_counter() - started)
+    def record(self, scope, status: int, seconds: float) -> None:
+        # The router writes the matched route into the request's scope.
+        route = scope.get("route")
+        template = getattr(route, "path", None) or UNMATCHED
+        method = scope["method"]
+        counter = self._requests.get((template, method, status))
+        if counter is None:
+            counter = self._requests[(template, method, status)] = METRICS.http_requests.labels(
+                template, method, str(status))
+        counter.inc()
+        histogram = self._seconds.get((template, method))
+        if histogram is None:
+            histogram = self._seconds[(template, method)] = METRICS.http_seconds.labels(
+                template, method)
+        histogram.observe(seconds)
 
 
 def preinitialise(app: FastAPI) -> None:

@@ -6,7 +6,8 @@ HOST_NOT_ALLOWED: a page on another site that rebinds its DNS name to
 
 Two layers, one answer (the API's error shape):
 
-* `RequestGuard`, an ASGI middleware in create_app: sees the parsed head.
+* `RequestGuard`, an ASGI middleware (its checks run in the API's front
+  layer, app/api/front.py): sees the parsed head.
 * `guarded_http_protocol(limit)`, the HTTP protocol `fencepost api` serves
   with: uvicorn's httptools protocol buffers a head of any size (httptools
   sets no limit; h11 stops at 16 KiB with a bare 400). This one stops reading
@@ -69,28 +70,30 @@ class RequestGuard:
         self.max_header_bytes = max_header_bytes
         self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = scope.get("headers") or ()
-            size = (len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-                    + sum(len(k) + len(v) + 4 for k, v in headers))
-            if size > self.max_header_bytes:
-                await self._answer(send, 431, HEADERS_TOO_LARGE,
-                                   headers_too_large_message(self.max_header_bytes))
-                return
-            if self.allowed_hosts is not None:
-                host = next((v.decode("latin-1") for k, v in headers if k == b"host"), "")
-                if host_name(host) not in self.allowed_hosts:
-                    await self._answer(
-                        send, 421, HOST_NOT_ALLOWED,
+    def refusal(self, scope: Scope) -> tuple[int, str, str] | None:
+        """(status, code, message) refusing an HTTP request, or None."""
+        headers = scope.get("headers") or ()
+        size = (len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+                + sum(len(k) + len(v) + 4 for k, v in headers))
+        if size > self.max_header_bytes:
+            return 431, HEADERS_TOO_LARGE, headers_too_large_message(self.max_header_bytes)
+        if self.allowed_hosts is not None:
+            host = next((v.decode("latin-1") for k, v in headers if k == b"host"), "")
+            if host_name(host) not in self.allowed_hosts:
+                return (421, HOST_NOT_ALLOWED,
                         f"this server does not answer for host {host[:100]!r}; open it as "
                         f"{' or '.join(sorted(self.allowed_hosts)) or 'a configured host'}, or "
                         "add the name to FENCEPOST_ALLOWED_HOSTS")
-                    return
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (refusal := self.refusal(scope)) is not None:
+            await self.answer(send, *refusal)
+            return
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _answer(send: Send, status: int, code: str, message: str) -> None:
+    async def answer(send: Send, status: int, code: str, message: str) -> None:
         body, headers = _json_answer(status, code, message)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
