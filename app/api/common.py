@@ -3,9 +3,12 @@ validation errors in the one error shape, documented error responses."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
+from fastapi.telemetry import get_telemetry_data
 from pydantic import BaseModel, ValidationError
 
 from app.api.errors import ApiError, not_found
@@ -18,6 +21,26 @@ Body = TypeVar("Body", bound=BaseModel)
 
 # A route's documented responses, by status, as FastAPI takes them.
 Responses = dict[int | str, dict[str, Any]]
+
+
+class DirectRoute(APIRoute):
+    """A route whose endpoint takes only the Request and returns a Response
+    it rendered itself: called directly, with no dependency solving and no
+    response model applied (both would do nothing for it but cost time).
+    Documented like any route. While FastAPI's own telemetry records a
+    request (a tracer or meter provider is set), FastAPI's handler runs it
+    instead, so its operation spans are as for every route."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        endpoint = self.endpoint
+
+        async def direct(request: Request) -> Response:
+            if get_telemetry_data() is not None:
+                return await handler(request)
+            return await endpoint(request)
+
+        return direct
 
 
 def refusal(description: str) -> dict[str, Any]:
