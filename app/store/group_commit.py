@@ -22,6 +22,7 @@ one statement and answers each request on its own. The rules:
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -70,7 +71,7 @@ class GroupCommit(Generic[Req, Ans]):
             except Exception as exc:  # every request's answer: nothing committed
                 for _, future in batch:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(_own_copy(exc))
                 return
             if len(answers) != len(batch):  # a defect in flush: say so to every caller
                 mismatch = RuntimeError(
@@ -86,3 +87,13 @@ class GroupCommit(Generic[Req, Ans]):
         finally:
             self._in_flight -= 1
             self._start()
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """One caller's copy of an error every caller of a batch receives: raised
+    in several tasks, one shared object would carry each caller's traceback
+    and context into the others'. Type, args and attributes (a SQLSTATE) stay."""
+    try:
+        return copy.copy(exc)
+    except Exception:  # an exception that cannot be copied is shared as it is
+        return exc

@@ -106,3 +106,33 @@ async def test_batches_are_capped_and_flushes_bounded() -> None:
     rec.release.set()
     assert [await t for t in tasks] == [10, 20, 30, 40, 50, 60]
     assert sorted(len(b) for b in rec.batches) == [1, 1, 2, 2]
+
+
+async def test_each_caller_of_a_failed_flush_gets_its_own_exception_object() -> None:
+    # Raised in two tasks, one shared object would carry one caller's traceback
+    # and context into the other's.
+    class Gone(ConnectionError):
+        sqlstate = "08006"
+
+    release = asyncio.Event()
+    batches: list[list[int]] = []
+
+    async def broken(requests: list[int]) -> list[int]:
+        batches.append(requests)
+        await release.wait()
+        raise Gone("gone")
+
+    writer: GroupCommit[int, int] = GroupCommit(broken, max_in_flight=1)
+    hold = asyncio.create_task(writer.submit(0))
+    await asyncio.sleep(0)
+    a, b = asyncio.create_task(writer.submit(1)), asyncio.create_task(writer.submit(2))
+    await asyncio.sleep(0)
+    release.set()
+    errors = []
+    for task in (hold, a, b):
+        with pytest.raises(Gone) as raised:
+            await task
+        errors.append(raised.value)
+    assert batches == [[0], [1, 2]]
+    assert errors[1] is not errors[2]
+    assert [(type(e), e.args, e.sqlstate) for e in errors[1:]] == [(Gone, ("gone",), "08006")] * 2
