@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from functools import partial
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -104,22 +105,39 @@ class StepWritten:
     record: StepRecord | None
 
 
-# Every write of a batch in one statement (one array element per write; a
-# batch of one is a single write). Each write keeps its own fence: its
-# execution's row, with ITS token, still `running`, locked FOR SHARE, so no
-# claim comes between any write's check and its insert, and a stale write is
-# refused while the rest of the batch commits. Rows are locked in
-# execution_id order: two batches never wait for each other in a cycle. A key
-# given twice is inserted once, by its first write (the others then read it as
-# recorded). Each inserted step appends its 'step_recorded' event, in the
-# order the writes were given. One answer row per write, in that order.
-_WRITE_STEPS = f"""
-WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::int[], $9::int[])
-        WITH ORDINALITY AS i(execution_id, token, step_key, status, value, error,
-                             function_name, attempts, position, ord)
-), fence AS (
+@dataclass(frozen=True)
+class TimerWrite:
+    """A durable timer to record under `lease`: wake `delay_seconds` after the
+    database's now, or at `until` when given."""
+
+    lease: Lease
+    step_key: str
+    delay_seconds: float
+    until: datetime | None
+    position: int | None
+
+
+@dataclass(frozen=True)
+class TimerWritten:
+    """The fence's answer to one TimerWrite: `fenced` False, nothing written;
+    else the recorded wake time (None: recorded after the statement's
+    snapshot, to be read), the database's now and the interrupt."""
+
+    fenced: bool
+    interrupt: str | None
+    wake_at: str | None
+    db_now: datetime
+
+
+# The fence of a batch of writes, `input` (one row per write, numbered `ord`):
+# each write keeps its own fence, its execution's row with ITS token, still
+# `running`, locked FOR SHARE, so no claim comes between any write's check and
+# its insert, and a stale write is refused while the rest of the batch
+# commits. Rows are locked in execution_id order: two batches never wait for
+# each other in a cycle. `first`: the fenced writes, a key given twice only
+# once, by its first write (the others then find it recorded).
+_FENCED_INPUT = f"""
+fence AS (
     SELECT i.ord, {INTERRUPT_SQL}
     FROM input i JOIN executions e
         ON e.execution_id = i.execution_id AND e.token = i.token AND e.status = 'running'
@@ -129,7 +147,19 @@ WITH input AS (
     SELECT DISTINCT ON (i.execution_id, i.step_key) i.*
     FROM input i JOIN fence f USING (ord)
     ORDER BY i.execution_id, i.step_key, i.ord
-), ins AS (
+)"""
+
+# Every step write of a batch in one statement (one array element per write;
+# a batch of one is a single write), fenced as above. Each inserted step
+# appends its 'step_recorded' event, in the order the writes were given. One
+# answer row per write, in that order.
+_WRITE_STEPS = f"""
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::int[], $9::int[])
+        WITH ORDINALITY AS i(execution_id, token, step_key, status, value, error,
+                             function_name, attempts, position, ord)
+), {_FENCED_INPUT}, ins AS (
     INSERT INTO execution_steps
         (execution_id, step_key, status, value, error, function_name, attempts, token, position)
     SELECT execution_id, step_key, status, value::jsonb, error::jsonb, function_name, attempts,
@@ -151,6 +181,45 @@ FROM input i
 LEFT JOIN fence f USING (ord)
 LEFT JOIN first USING (ord)
 LEFT JOIN ins ON ins.execution_id = first.execution_id AND ins.step_key = first.step_key
+ORDER BY i.ord
+"""
+
+# Every timer of a batch in one statement, fenced as above: a timer is a step
+# whose value is its wake time, from the database clock (`now() + delay`) or
+# given (`until`); its 'step_recorded' event carries the wake time. An already
+# recorded timer keeps its time (the answer's `value`; NULL when it was
+# recorded after this statement's snapshot, by a concurrent write or an
+# earlier write of this batch). One answer row per timer, in order.
+_RECORD_TIMERS = f"""
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::float8[],
+                         $5::timestamptz[], $6::int[])
+        WITH ORDINALITY AS i(execution_id, token, step_key, delay, until, position, ord)
+), {_FENCED_INPUT}, ins AS (
+    INSERT INTO execution_steps
+        (execution_id, step_key, status, value, function_name, token, position)
+    SELECT execution_id, step_key, 'completed',
+           to_jsonb(coalesce(until, now() + make_interval(secs => delay))), 'sleep', token,
+           position
+    FROM first ORDER BY ord
+    ON CONFLICT (execution_id, step_key) DO NOTHING
+    RETURNING execution_id, step_key, value, token
+), ev AS (
+    INSERT INTO execution_events (execution_id, kind, token, detail)
+    SELECT ins.execution_id, 'step_recorded', ins.token,
+           jsonb_build_object('stepKey', ins.step_key, 'status', 'completed',
+                              'wakeAt', ins.value)
+    FROM ins JOIN first USING (execution_id, step_key)
+    ORDER BY first.ord
+)
+SELECT f.ord IS NOT NULL AS fenced, f.interrupt, coalesce(ins.value, s.value) AS value,
+       now() AS db_now
+FROM input i
+LEFT JOIN fence f USING (ord)
+LEFT JOIN first USING (ord)
+LEFT JOIN ins ON ins.execution_id = first.execution_id AND ins.step_key = first.step_key
+LEFT JOIN execution_steps s
+    ON f.ord IS NOT NULL AND s.execution_id = i.execution_id AND s.step_key = i.step_key
 ORDER BY i.ord
 """
 
@@ -209,14 +278,69 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite]) -> list[StepWritt
     return answers
 
 
+async def record_timers(db: Handle, timers: Sequence[TimerWrite]) -> list[TimerWritten]:
+    """Record `timers` in one statement (_RECORD_TIMERS); one answer per timer."""
+    rows = await db.fetch(
+        _RECORD_TIMERS,
+        [t.lease.execution_id for t in timers],
+        [t.lease.token for t in timers],
+        [t.step_key for t in timers],
+        [t.delay_seconds for t in timers],
+        [t.until for t in timers],
+        [t.position for t in timers],
+    )
+    assert len(rows) == len(timers)  # the statement answers every timer
+    return [TimerWritten(r["fenced"], r["interrupt"], r["value"], r["db_now"]) for r in rows]
+
+
+W = TypeVar("W")
+A = TypeVar("A")
+
+
+async def batch_or_each_alone(
+        write: Callable[[Sequence[W]], Awaitable[list[A]]],
+        items: list[W]) -> list[A | BaseException]:
+    """One batch of a group commit: `write(items)` in one statement. A value
+    of one item that Postgres cannot store fails the whole statement (nothing
+    of it written): then each item is written alone, so that only that one
+    fails (its answer is its own exception)."""
+    try:
+        return list(await write(items))
+    except _UNSTORABLE:
+        if len(items) == 1:
+            raise
+    answers: list[A | BaseException] = []
+    for item in items:
+        try:
+            [answer] = await write([item])
+        except Exception as exc:  # this item's answer alone
+            answers.append(exc)
+        else:
+            answers.append(answer)
+    return answers
+
+
 class Steps(StoreObject):
     def __init__(self, db: Handle, config: StoreConfig) -> None:
         super().__init__(db, config)
-        # On the pool, concurrent step writes (a worker's deliveries) go in one
-        # statement per batch; in a caller's transaction each write is its own
-        # statement, so that it joins the transaction.
-        self.step_writes: GroupCommit[StepWrite, StepWritten] | None = (
-            GroupCommit(self._flush_step_writes) if isinstance(db, RetryingPool) else None)
+        # On the pool, concurrent step writes and timers (a worker's
+        # deliveries) go in one statement per batch of each kind; in a
+        # caller's transaction each is its own statement, so that it joins
+        # the transaction.
+        self.step_writes: GroupCommit[StepWrite, StepWritten] | None = None
+        self.timer_writes: GroupCommit[TimerWrite, TimerWritten] | None = None
+        if isinstance(db, RetryingPool):
+            self.step_writes = GroupCommit(self.flush_step_writes)
+            self.timer_writes = GroupCommit(self.flush_timers)
+
+    async def flush_step_writes(
+            self, writes: list[StepWrite]) -> list[StepWritten | BaseException]:
+        """One batch of step writes (the group commit's flush)."""
+        return await batch_or_each_alone(partial(write_steps, self.db), writes)
+
+    async def flush_timers(self, timers: list[TimerWrite]) -> list[TimerWritten | BaseException]:
+        """One batch of timers (the group commit's flush)."""
+        return await batch_or_each_alone(partial(record_timers, self.db), timers)
 
     async def write_step(
         self,
@@ -246,41 +370,16 @@ class Steps(StoreObject):
         try:
             write = StepWrite(lease, step_key, "failed" if error is not None else "completed",
                               _json(value), _json(error), function_name, attempts, position)
+            if self.step_writes is None:
+                [written] = await write_steps(self.db, [write])
+            else:
+                written = await self.step_writes.submit(write)
         except _UNSTORABLE as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
-        if self.step_writes is None:
-            written = await self._write_alone(write)
-        else:
-            written = await self.step_writes.submit(write)
         if not written.fenced:
             raise await rejected(self.db, lease, step_key)
         assert written.record is not None  # fenced: recorded, now or before
         return written.record
-
-    async def _write_alone(self, write: StepWrite) -> StepWritten:
-        try:
-            [written] = await write_steps(self.db, [write])
-        except _UNSTORABLE as exc:
-            raise InvalidEvent(f"step {write.step_key!r}: {exc}") from exc
-        return written
-
-    async def _flush_step_writes(
-            self, writes: list[StepWrite]) -> list[StepWritten | BaseException]:
-        """One batch of the group commit. A value of one write that cannot be
-        stored fails the batch's statement (nothing of it written): then each
-        write is sent alone, so that only that one gets InvalidEvent."""
-        try:
-            return list(await write_steps(self.db, writes))
-        except _UNSTORABLE as exc:
-            if len(writes) == 1:
-                return [InvalidEvent(f"step {writes[0].step_key!r}: {exc}")]
-        answers: list[StepWritten | BaseException] = []
-        for write in writes:
-            try:
-                answers.append(await self._write_alone(write))
-            except Exception as exc:  # this write's answer alone
-                answers.append(exc)
-        return answers
 
     async def record_late_observation(
         self,
@@ -340,55 +439,23 @@ class Steps(StoreObject):
         """Record a durable timer as a fenced step whose value is the wake time,
         computed from the database clock (`now() + delay`) or given (`until`).
         An already-recorded timer keeps its time. Returns (wake_at, db_now,
-        interrupt)."""
-        row = await self.db.fetchrow(
-            f"""
-            WITH fence AS (
-                -- Same lock as write_step: no claim between check and insert.
-                SELECT execution_id, {INTERRUPT_SQL} FROM executions
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
-                FOR SHARE
-            ), ins AS (
-                INSERT INTO execution_steps
-                    (execution_id, step_key, status, value, function_name, token, position)
-                SELECT execution_id, $3, 'completed',
-                       to_jsonb(coalesce($5::timestamptz, now() + make_interval(secs => $4))),
-                       'sleep', $2, $6
-                FROM fence
-                ON CONFLICT (execution_id, step_key) DO NOTHING
-                RETURNING value
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT $1, 'step_recorded', $2,
-                       jsonb_build_object('stepKey', $3::text, 'status', 'completed',
-                                          'wakeAt', value)
-                FROM ins
-            )
-            SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt,
-                   coalesce((SELECT value FROM ins),
-                            (SELECT value FROM execution_steps
-                             WHERE execution_id = $1 AND step_key = $3)) AS value,
-                   now() AS db_now
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-            float(delay_seconds or 0.0),
-            until,
-            position,
-        )
-        assert row is not None  # the statement always returns its row
-        if not row["fenced"]:
+        interrupt). On the pool, timers are group-committed like step writes."""
+        timer = TimerWrite(lease, step_key, float(delay_seconds or 0.0), until, position)
+        if self.timer_writes is None:
+            [written] = await record_timers(self.db, [timer])
+        else:
+            written = await self.timer_writes.submit(timer)
+        if not written.fenced:
             raise await rejected(self.db, lease, step_key)
-        if row["value"] is None:  # recorded concurrently after this snapshot
-            existing = await self.db.fetchval(
+        wake_at = written.wake_at
+        if wake_at is None:  # recorded after the statement's snapshot
+            wake_at = await self.db.fetchval(
                 "SELECT value FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
                 lease.execution_id,
                 step_key,
             )
-            assert existing is not None  # recorded: the insert above met it
-            return datetime.fromisoformat(existing), row["db_now"], row["interrupt"]
-        return datetime.fromisoformat(row["value"]), row["db_now"], row["interrupt"]
+            assert wake_at is not None  # recorded: the insert above met it
+        return datetime.fromisoformat(wake_at), written.db_now, written.interrupt
 
     async def record_attempt(self, lease: Lease, step_key: str, attempt: int,
                              error: dict[str, Any]) -> None:

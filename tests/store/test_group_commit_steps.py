@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -33,6 +34,11 @@ BLOCKERS = ("blocker-1", "blocker-2")
 def writer(store: ExecutionStore) -> GroupCommit[Any, Any]:
     assert store.steps.step_writes is not None, "on the pool, step writes are group-committed"
     return store.steps.step_writes
+
+
+def timer_writer(store: ExecutionStore) -> GroupCommit[Any, Any]:
+    assert store.steps.timer_writes is not None, "on the pool, timers are group-committed"
+    return store.steps.timer_writes
 
 
 async def claimed(store: ExecutionStore, ids: list[str]) -> dict[str, Delivery]:
@@ -54,16 +60,20 @@ async def stale_and_current(store: ExecutionStore, clock, eid: str) -> tuple[Del
 
 
 async def in_one_batch(store: ExecutionStore, pool, blockers: dict[str, Delivery],
-                       writes: list[Callable[[], Coroutine[Any, Any, Any]]]) -> list[Any]:
-    """Run `writes` (each a step write) so that they all go in ONE statement:
-    the two blockers' writes hold both flushes in flight while the writes are
-    submitted. Returns each write's result or exception, in order."""
-    gc = writer(store)
+                       writes: list[Callable[[], Coroutine[Any, Any, Any]]], *,
+                       timers: bool = False) -> list[Any]:
+    """Run `writes` (each a step write, or with `timers` each a timer) so that
+    they all go in ONE statement: the two blockers' writes of the same kind
+    hold both flushes in flight while the writes are submitted. Returns each
+    write's result or exception, in order."""
+    gc = timer_writer(store) if timers else writer(store)
     when = ("NEW.kind = 'step_recorded' AND NEW.execution_id IN ("
             + ", ".join(f"'{b}'" for b in BLOCKERS) + ")")
     async with StatementGate(pool, "execution_events", when) as gate:
-        held = [asyncio.create_task(store.steps.write_step(blockers[b].lease, "block", value=b))
-                for b in BLOCKERS]
+        held = [asyncio.create_task(
+            store.steps.record_timer(blockers[b].lease, "block", delay_seconds=60) if timers
+            else store.steps.write_step(blockers[b].lease, "block", value=b))
+            for b in BLOCKERS]
         await gate.until_held(2)
         batches, requests = gc.batches, gc.requests
         tasks = [asyncio.create_task(w()) for w in writes]
@@ -125,6 +135,42 @@ async def test_a_stale_write_in_a_batch_is_refused_while_the_rest_commit(store, 
         ("step_recorded", b.lease.token, {"stepKey": "ship", "status": "completed"}),
         ("fenced_write_rejected", a.lease.token, {"stepKey": "charge"}),
     ]
+
+
+async def test_a_stale_timer_in_a_batch_is_refused_while_the_rest_commit(store, pool, clock):
+    """Timers are batched the same way: each keeps its own fence, its wake
+    time from the database clock (or as given), its event naming it; a key
+    given twice in the batch keeps the first's time."""
+    a, b = await stale_and_current(store, clock, "contested")
+    ds = await claimed(store, [*BLOCKERS, "nap-1", "nap-2"])
+    until = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    results = await in_one_batch(store, pool, ds, [
+        lambda: store.steps.record_timer(ds["nap-1"].lease, "nap", delay_seconds=30),
+        lambda: store.steps.record_timer(a.lease, "nap", delay_seconds=5),
+        lambda: store.steps.record_timer(ds["nap-2"].lease, "nap", until=until),
+        lambda: store.steps.record_timer(b.lease, "nap", delay_seconds=10),
+        lambda: store.steps.record_timer(ds["nap-1"].lease, "nap", delay_seconds=99),
+    ], timers=True)
+
+    nap_1, stale, nap_2, current, again = results
+    assert isinstance(stale, LeaseLost) and stale.token == a.lease.token
+    wake_1, now_1, interrupt = nap_1
+    assert wake_1 - now_1 == timedelta(seconds=30) and interrupt is None
+    assert again[0] == wake_1
+    assert nap_2[0] == until
+    assert current[0] - current[1] == timedelta(seconds=10)
+    for eid, lease, wake in [("nap-1", ds["nap-1"].lease, wake_1), ("nap-2", ds["nap-2"].lease,
+                                                                     until),
+                             ("contested", b.lease, current[0])]:
+        rows = await step_rows(pool, eid)
+        assert {k: (r["token"], datetime.fromisoformat(r["value"])) for k, r in rows.items()} == {
+            "nap": (lease.token, wake)}
+        [event] = [e for e in await events_of(pool, eid) if e["kind"] == "step_recorded"]
+        assert (event["token"], datetime.fromisoformat(event["detail"]["wakeAt"])) == (
+            lease.token, wake)
+    assert [(e["kind"], e["token"]) for e in await events_of(pool, "contested")] == [
+        ("step_recorded", b.lease.token), ("fenced_write_rejected", a.lease.token)]
 
 
 @pytest.mark.parametrize("bad", [
@@ -233,7 +279,7 @@ async def test_concurrent_deliveries_with_stale_ones_each_get_their_own_answer(
 
     async def recording_flush(writes: list[Any]) -> Any:
         sent.append(writes)
-        return await store.steps._flush_step_writes(writes)
+        return await store.steps.flush_step_writes(writes)
 
     store.steps.step_writes = GroupCommit(recording_flush)
     seen = Outcomes("stale-alone", "stale-with-current")
