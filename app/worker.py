@@ -180,8 +180,11 @@ class Worker:
         self._stopping = asyncio.Event()  # stop claiming
         self._done = asyncio.Event()  # renewer and listener may stop
         self._maybe_more_due = False
-        # The event loop's time the idle claimer sleeps until (None: awake).
+        # The event loop's time the idle claimer sleeps until (None: awake),
+        # and the earliest wake of a suspension of this worker's own that
+        # committed while it was awake (its claim may not have seen it).
         self._claim_at: float | None = None
+        self._suspended_due: float | None = None
         self._signals = 0
         self.log = Fields(log, {"worker_id": self.worker_id})
         METRICS.init_workflows(workflows)
@@ -427,10 +430,16 @@ class Worker:
             # interval: admissions, wakes and signals NOTIFY; the poll covers
             # what no NOTIFY announces (a due time another process set after
             # this claim, a redelivery delay ending). A millisecond past it,
-            # so that the claim's clock sees it due.
+            # so that the claim's clock sees it due. With every slot taken
+            # (no claim this round), a freed slot wakes the claimer instead.
             wait = self.settings.poll_seconds
-            if next_due is not None:
-                wait = min(wait, max(0.0, next_due - loop.time()) + 0.001)
+            if free > 0:
+                if self._suspended_due is not None:
+                    next_due = (self._suspended_due if next_due is None
+                                else min(next_due, self._suspended_due))
+                    self._suspended_due = None
+                if next_due is not None:
+                    wait = min(wait, max(0.0, next_due - loop.time()) + 0.001)
             await self._sleep(wait)
 
     async def _prefetch_steps(self, deliveries: list[Delivery]) -> dict[str, dict]:
@@ -470,13 +479,18 @@ class Worker:
         tells it the due time exactly (a timer this worker set is claimed when
         due, whatever the poll interval)."""
         running = self._running.get(lease.execution_id)
-        if (self._claim_at is None or not isinstance(until, datetime) or running is None
+        if (not isinstance(until, datetime) or running is None
                 or running.lease.token != lease.token or running.claimed_at is None):
             return
         # Placed on this loop's clock from the claim's: late by at most the
-        # claim's round trip, which the claim woken here corrects.
+        # claim's round trip (never early, so a claim then finds it due).
         at = running.started_at + (until - running.claimed_at).total_seconds()
-        if at < self._claim_at:
+        if self._claim_at is None:
+            # The claimer is awake: a claim in flight may have read the due
+            # times before this one committed; it waits until this one too.
+            self._suspended_due = (at if self._suspended_due is None
+                                   else min(self._suspended_due, at))
+        elif at < self._claim_at:
             self._wakeup.set()
 
     def _lose(self, running: Running) -> None:

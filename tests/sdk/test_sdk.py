@@ -10,10 +10,12 @@ a real (0.3 s) timer.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
 
+from app.store import NOTIFY_CHANNEL
 from tests.sdk import flows
 from tests.support.admission import admit
 from tests.support.clocks import fast_forward_timer, parse_ts
@@ -96,6 +98,51 @@ async def test_an_idle_worker_wakes_at_the_next_due_time_not_at_its_next_poll(st
 
     record = await wait_status(store, eid, "completed", timeout=20)
 
+    assert flows.calls(eid, "after") == 1
+    assert record["updated_at"] < until + timedelta(seconds=20)
+
+
+async def test_a_timer_set_while_the_worker_claims_is_still_claimed_when_due(
+        store, pool, workers):
+    # The other interleaving, forced: the suspension commits after a claim
+    # of the same worker has read the due times (so its answer cannot tell
+    # of this timer) and before that claim returns. With a 60 s poll, the
+    # timer still runs about when it is due.
+    worker = await workers.start(poll_seconds=60.0)
+    leases = worker.store.leases
+    claim_due, acknowledge = leases.claim_due, leases.acknowledge
+    claimed, acked = asyncio.Event(), asyncio.Event()
+    suspending: list[str] = []
+
+    async def claim_then_wait(*args, **kwargs):
+        # Only a claim begun after the NOTIFY below was sent: the wake it
+        # caused was spent before this claim, none is left to claim again.
+        hold = bool(suspending) and not claimed.is_set()
+        answer = await claim_due(*args, **kwargs)
+        if hold:
+            claimed.set()  # read before the suspension: it cannot know it
+            await acked.wait()
+        return answer
+
+    async def acknowledge_during_a_claim(lease, status, **kwargs):
+        if status == "suspended" and not acked.is_set():
+            suspending.append(lease.execution_id)
+            await pool.execute("SELECT pg_notify($1, '')", NOTIFY_CHANNEL)  # a claim, now
+            await claimed.wait()
+            try:
+                return await acknowledge(lease, status, **kwargs)
+            finally:
+                acked.set()
+        return await acknowledge(lease, status, **kwargs)
+
+    leases.claim_due = claim_then_wait  # type: ignore[method-assign]
+    leases.acknowledge = acknowledge_during_a_claim  # type: ignore[method-assign]
+    until = await store.clock.db_now() + timedelta(seconds=2)
+    eid = await admit(store, "sdk-sleep-until", "until-mid-claim", {"until": until.isoformat()})
+
+    record = await wait_status(store, eid, "completed", timeout=20)
+
+    assert suspending == [eid] and claimed.is_set()
     assert flows.calls(eid, "after") == 1
     assert record["updated_at"] < until + timedelta(seconds=20)
 
