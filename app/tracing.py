@@ -59,8 +59,13 @@ def span(name: str, *, parent: str | None = None,
     if trace is None:
         yield None
         return
-    context = propagate.extract({"traceparent": parent}) if parent else None
     tracer = PROVIDER.get_tracer("fencepost") if PROVIDER is not None else _global_tracer()
+    if not parent and _records_nothing(tracer):
+        # A no-op tracer's span without a parent is the current span made
+        # current again (or a non-recording view of its context): no change.
+        yield None
+        return
+    context = propagate.extract({"traceparent": parent}) if parent else None
     with tracer.start_as_current_span(name, context=context,
                                       attributes={k: v for k, v in (attributes or {}).items()
                                                   if v is not None}) as current:
@@ -79,6 +84,13 @@ def _global_tracer() -> Any:
     if _TRACER is None:
         _TRACER = trace.get_tracer_provider().get_tracer("fencepost")
     return _TRACER
+
+
+def _records_nothing(tracer: Any) -> bool:
+    """True for OpenTelemetry's no-op tracer, or its proxy while no provider is set."""
+    if isinstance(tracer, trace.ProxyTracer):
+        tracer = tracer._tracer  # the provider's tracer once one is set, else a no-op one
+    return isinstance(tracer, trace.NoOpTracer)
 
 
 def current_traceparent() -> str | None:

@@ -24,12 +24,21 @@ SCRIPT = textwrap.dedent(f"""
     with tracing.span("before", parent="{PARENT}"):
         print("inside-before", tracing.current_traceparent())
     print("after-before", tracing.current_traceparent())
+    with tracing.span("outer", parent="{PARENT}"):
+        with tracing.span("inner"):
+            print("nested-before", tracing.current_traceparent())
+    with tracing.span("alone"):
+        print("alone-before", tracing.current_traceparent())
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
 
+    with tracing.span("alone-after"):
+        alone = tracing.current_traceparent()
+    print("alone-after-recorded", alone is not None and alone.split("-")[1] != "{PARENT.split('-')[1]}")
+    exporter.clear()
     with tracing.span("after", parent="{PARENT}", attributes={{"a": 1, "b": None}}) as s:
         inner = tracing.current_traceparent()
     [done] = exporter.get_finished_spans()
@@ -45,6 +54,9 @@ def test_spans_reach_a_global_provider_installed_after_the_first_span() -> None:
     assert out == [
         f"inside-before {PARENT}",
         "after-before None",
+        f"nested-before {PARENT}",
+        "alone-before None",
+        "alone-after-recorded True",
         "recorded after 4bf92f3577b34da6a3ce929d0e0e4736 00f067aa0ba902b7 [('a', 1)]",
         "inner-is-new-span True",
     ]
