@@ -4,8 +4,9 @@ safety, sync steps, the Retry reply, failures and results, and what workflow
 code can read from its context. One test per behaviour.
 
 Time moves by UPDATE-ing the recorded timer and the pending wake (see
-helpers.fast_forward_timer); only `test_replay_skips_recorded_steps` waits for
-a real (0.3 s) timer.
+helpers.fast_forward_timer); only `test_replay_skips_recorded_steps` (0.3 s)
+and the two tests of when an idle worker wakes for a timer (about 2 s each) wait
+for real timers.
 """
 
 from __future__ import annotations
