@@ -21,13 +21,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import prometheus_client
 from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
@@ -51,6 +49,49 @@ PARK_REASONS = ("poison", "outcome_unknown", "nondeterminism")
 TAKEOVER_BY = ("claim", "reaper")
 MAINTENANCE_TASKS = ("reaper", "retention", "scheduler")
 WAITING_REASONS = tuple(r for r in REASONS if r != "none")
+
+
+class _KeptChildren:
+    """labels() answering from a plain dict of the children already made,
+    by the label values as given: prometheus_client re-checks the values,
+    turns them into strings and takes a lock on every call, which the
+    worker and the API pay on every delivery, step and request. The first
+    call for a label set (and any call with keyword labels or values that
+    cannot be a dict key) goes to prometheus_client, which makes the child."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Any:
+        kept: dict[tuple[Any, ...], Any] | None = self.__dict__.get("_kept")
+        if kept is None:
+            kept = self.__dict__["_kept"] = {}
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc]
+        try:
+            return kept[labelvalues]
+        except KeyError:
+            child = kept[labelvalues] = super().labels(*labelvalues)  # type: ignore[misc]
+            return child
+        except TypeError:  # unhashable values: prometheus_client's own lookup
+            return super().labels(*labelvalues)  # type: ignore[misc]
+
+    def remove(self, *labelvalues: Any) -> None:
+        self.__dict__.pop("_kept", None)  # a removed child is never answered again
+        super().remove(*labelvalues)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self.__dict__.pop("_kept", None)
+        super().clear()  # type: ignore[misc]
+
+
+class Counter(_KeptChildren, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_KeptChildren, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_KeptChildren, prometheus_client.Histogram):
+    pass
 
 
 class ProcessMetrics:

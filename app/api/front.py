@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.http_metrics import RouteCounters
+from app.api import http_metrics
 from app.api.limits import RequestGuard
 from app.api.request_ids import HEADER, request_id_of
 from app.logs import REQUEST_ID
@@ -29,7 +29,6 @@ class Front:
         self.app = app
         self.guard = RequestGuard(app, max_header_bytes=max_header_bytes,
                                   allowed_hosts=allowed_hosts)
-        self.counters = RouteCounters()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,4 +56,4 @@ class Front:
                 await self.guard.answer(send_answer, *refusal)
         finally:
             REQUEST_ID.reset(token)
-            self.counters.record(scope, status, time.perf_counter() - started)
+            http_metrics.record(scope, status, time.perf_counter() - started)
