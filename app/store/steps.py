@@ -293,13 +293,13 @@ async def record_timers(db: Handle, timers: Sequence[TimerWrite]) -> list[TimerW
     return [TimerWritten(r["fenced"], r["interrupt"], r["value"], r["db_now"]) for r in rows]
 
 
-W = TypeVar("W")
-A = TypeVar("A")
+Item = TypeVar("Item")
+Answer = TypeVar("Answer")
 
 
 async def batch_or_each_alone(
-        write: Callable[[Sequence[W]], Awaitable[list[A]]],
-        items: list[W]) -> list[A | BaseException]:
+        write: Callable[[Sequence[Item]], Awaitable[list[Answer]]],
+        items: list[Item]) -> list[Answer | BaseException]:
     """One batch of a group commit: `write(items)` in one statement. A value
     of one item that Postgres cannot store fails the whole statement (nothing
     of it written): then each item is written alone, so that only that one
@@ -309,7 +309,7 @@ async def batch_or_each_alone(
     except _UNSTORABLE:
         if len(items) == 1:
             raise
-    answers: list[A | BaseException] = []
+    answers: list[Answer | BaseException] = []
     for item in items:
         try:
             [answer] = await write([item])
