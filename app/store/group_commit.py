@@ -37,6 +37,9 @@ class GroupCommit(Generic[Req, Ans]):
         self._max_in_flight = max_in_flight
         self._waiting: list[tuple[Req, asyncio.Future[Ans]]] = []
         self._in_flight = 0
+        # The flushes running: held here, since the loop keeps only a weak
+        # reference to a task and an unreferenced flush could be collected.
+        self._flushes: set[asyncio.Task[None]] = set()
         # Batch sizes flushed so far (how much combining happened), for the bench.
         self.batches = 0
         self.requests = 0
@@ -58,7 +61,9 @@ class GroupCommit(Generic[Req, Ans]):
             self._in_flight += 1
             self.batches += 1
             self.requests += len(batch)
-            asyncio.get_running_loop().create_task(self._run(batch))
+            flush = asyncio.get_running_loop().create_task(self._run(batch))
+            self._flushes.add(flush)
+            flush.add_done_callback(self._flushes.discard)
 
     async def _run(self, batch: list[tuple[Req, asyncio.Future[Ans]]]) -> None:
         try:
