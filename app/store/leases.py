@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 import asyncpg
 
 from app.db import _encode_json as encode_json
+from app.dberrors import is_infrastructure
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
@@ -44,12 +45,14 @@ _CLEANUP_DUE = """(i.reported = 'suspended'
     AND (e.cancel_requested_at IS NOT NULL OR e.deadline <= now())
     AND fencepost_cleanup_ends(e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now())"""
 
-# Acknowledgements, one row of input each ($1..$5 parallel arrays: execution,
-# token, reported status, outcome, traceback, waiting_on as JSON text): a
-# lone one is a batch of one. Each row keeps its own fence (its token, still
-# running) and its own outcome rules; what one row's answer is never depends
-# on another row of the batch.
-_ACKNOWLEDGE = f"""
+# Acknowledgements, one row of input each ($1..$6 parallel arrays: execution,
+# token, reported status, outcome, traceback, waiting_on as JSON text). Each
+# row keeps its own fence (its token, still running) and its own outcome
+# rules; what one row's answer is never depends on another row of the batch.
+# {lock} is how the rows are taken before anything is written: a batch locks
+# its rows and the parents they would wake with SKIP LOCKED (never waiting),
+# a lone acknowledgement takes them as its writes reach them (it may wait).
+_ACKNOWLEDGE = """
 WITH i AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
                          $6::text[])
@@ -63,26 +66,51 @@ WITH i AS (
     SELECT DISTINCT c.parent_execution_id AS execution_id
     FROM i JOIN executions c ON c.execution_id = i.execution_id
     WHERE c.parent_execution_id IS NOT NULL
+), wanted AS (
+    SELECT execution_id FROM i WHERE execution_id NOT IN (SELECT execution_id FROM held_back)
+    UNION
+    SELECT c.parent_execution_id FROM i JOIN executions c ON c.execution_id = i.execution_id
+    WHERE c.parent_execution_id IS NOT NULL
+      AND i.execution_id NOT IN (SELECT execution_id FROM held_back)
+), locked AS MATERIALIZED (
+    -- Every row this statement may write (the acknowledged ones and the
+    -- parents their ends wake), taken in one pass in execution_id order.
+    SELECT x.execution_id, x.parent_execution_id FROM executions x
+    WHERE x.execution_id IN (SELECT execution_id FROM wanted)
+    ORDER BY x.execution_id
+    {lock}
+), ready AS (
+    -- Written here: the rows whose own row and parent (if it still exists)
+    -- this statement holds. The others are answered `skipped`, and sent
+    -- alone: a row another transaction holds then waits for it alone.
+    SELECT i.* FROM i JOIN locked l ON l.execution_id = i.execution_id
+    WHERE i.execution_id NOT IN (SELECT execution_id FROM held_back)
+      AND (l.parent_execution_id IS NULL
+           OR l.parent_execution_id IN (SELECT execution_id FROM locked)
+           OR NOT EXISTS (SELECT 1 FROM executions p
+                          WHERE p.execution_id = l.parent_execution_id))
 ), a AS (
-    -- The UPDATE locks each row, so its token check and its write are one
-    -- step: no claim can land between them.
+    -- The fence, atomic: the token check and the write are one step on a
+    -- row locked from before the check until the commit, so no claim can
+    -- land between them; a claim committed since this statement's snapshot
+    -- is seen by the re-check of this WHERE on the row's latest version.
     UPDATE executions e
-    SET status = CASE WHEN {_CLEANUP_DUE} THEN 'suspended'
+    SET status = CASE WHEN {cleanup_due} THEN 'suspended'
                       WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
                       WHEN e.deadline <= now() AND i.reported <> 'cancelled'
                       THEN 'timed_out'
                       ELSE i.reported END,
-        outcome = CASE WHEN {_CLEANUP_DUE} THEN NULL
+        outcome = CASE WHEN {cleanup_due} THEN NULL
                        WHEN e.cancel_requested_at IS NOT NULL
-                       THEN {CANCELLED_OUTCOME}
+                       THEN {cancelled}
                        WHEN e.deadline <= now() AND i.reported <> 'cancelled'
-                       THEN {TIMED_OUT_OUTCOME}
+                       THEN {timed_out}
                        ELSE i.outcome::jsonb END,
         ever_suspended = e.ever_suspended OR i.reported = 'suspended',
         waiting_on = CASE WHEN i.reported = 'suspended' THEN i.waiting_on::jsonb END,
         -- A wait ends at the deadline at the latest: the execution is due
         -- then, and that delivery raises DeadlineExceeded where the code waits.
-        due_at = CASE WHEN {_CLEANUP_DUE} THEN now()
+        due_at = CASE WHEN {cleanup_due} THEN now()
                       WHEN i.reported = 'suspended' AND e.cancel_requested_at IS NULL
                        AND (e.deadline IS NULL OR e.deadline > now())
                       THEN least(e.due_at, e.deadline) END,
@@ -93,13 +121,12 @@ WITH i AS (
         last_unacknowledged_at = NULL,
         redeliver_after = NULL,
         updated_at = now()
-    FROM i
+    FROM ready i
     WHERE e.execution_id = i.execution_id AND e.token = i.token AND e.status = 'running'
-      AND e.execution_id NOT IN (SELECT execution_id FROM held_back)
     RETURNING i.n, i.reported, i.traceback, e.execution_id, e.token, e.status, e.outcome,
               e.due_at, e.parent_execution_id, e.workflow_id,
               extract(epoch FROM now() - e.admitted_at) AS age
-), {WAKE_PARENTS.format(ended="a")}, ev AS (
+), {wake_parents}, ev AS (
     INSERT INTO execution_events (execution_id, kind, token, detail)
     SELECT execution_id, 'acknowledged', token,
            jsonb_strip_nulls(jsonb_build_object(
@@ -109,15 +136,44 @@ WITH i AS (
     SELECT execution_id, status, token, NULL FROM a
     WHERE status IN ('cancelled', 'timed_out')
 )
-SELECT n, false AS held_back, status, outcome, workflow_id, age,
+SELECT n, false AS alone, status, outcome, workflow_id, age,
        CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
-            THEN pg_notify('{NOTIFY_CHANNEL}', '') END,
-       {ENDED_NOTICE.format(ended="a")}
+            THEN pg_notify('{channel}', '') END,
+       {ended_notice}
 FROM a
 UNION ALL
+-- Held back, or its row or parent held by another transaction: sent alone.
 SELECT n, true, NULL, NULL, NULL, NULL, NULL, NULL FROM i
 WHERE execution_id IN (SELECT execution_id FROM held_back)
+   OR (n NOT IN (SELECT n FROM ready)
+       AND EXISTS (SELECT 1 FROM executions x WHERE x.execution_id = i.execution_id))
 """
+
+
+def _acknowledge_sql(lock: str) -> str:
+    return _ACKNOWLEDGE.format(
+        lock=lock, cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME,
+        timed_out=TIMED_OUT_OUTCOME, wake_parents=WAKE_PARENTS.format(ended="a"),
+        channel=NOTIFY_CHANNEL, ended_notice=ENDED_NOTICE.format(ended="a"))
+
+
+# A batch waits for no lock: one row another transaction holds (an operator's
+# cancel of a tree, a bulk update) must not stall the rest of the batch, and
+# two batches each holding what the other wants would deadlock. FOR NO KEY
+# UPDATE, as the UPDATE itself locks: event inserts (foreign key checks) are
+# not blocked by it.
+_ACKNOWLEDGE_BATCH = _acknowledge_sql("FOR NO KEY UPDATE OF x SKIP LOCKED")
+# Alone: the rows are locked as the UPDATE and the parent wake reach them,
+# waiting for another transaction's lock as any single write does.
+_ACKNOWLEDGE_ALONE = _acknowledge_sql("")
+
+
+class _SendAlone:
+    """A batch's answer to an acknowledgement it did not write: its caller
+    sends it alone (after that batch committed)."""
+
+
+SEND_ALONE = _SendAlone()
 
 # What makes an acknowledgement's values unstorable (nothing of it written).
 _UNSTORABLE = (ValueError, TypeError, asyncpg.DataError)
@@ -162,8 +218,12 @@ class Leases(StoreObject):
         # On the pool, concurrent acknowledgements (a worker's deliveries
         # ending) go in one statement per batch; in a caller's transaction
         # each is its own statement, so that it joins the transaction.
-        self.acknowledgements: GroupCommit[_Ack, Acknowledged] | None = (
+        self.acknowledgements: GroupCommit[_Ack, Acknowledged | _SendAlone] | None = (
             GroupCommit(self._flush_acknowledgements) if isinstance(db, RetryingPool) else None)
+        # Acknowledgements a batch answered SEND_ALONE (held back, a second
+        # one of an execution, a row or parent another transaction held, or
+        # a batch statement that failed), each then sent alone by its caller.
+        self.sent_alone = 0
 
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
@@ -622,37 +682,45 @@ class Leases(StoreObject):
             raise InvalidEvent(str(exc)) from exc
         if self.acknowledgements is None:
             return await self._acknowledge_alone(ack)
-        return await self.acknowledgements.submit(ack)
+        answer = await self.acknowledgements.submit(ack)
+        if isinstance(answer, _SendAlone):
+            # Outside the group commit: the rest of its batch was answered,
+            # and a wait for another transaction's lock is this one's alone.
+            return await self._acknowledge_alone(ack)
+        return answer
 
     async def _acknowledge_alone(self, ack: _Ack) -> Acknowledged:
         [answer] = await self._acknowledge_batch([ack])
         if isinstance(answer, BaseException):
             raise answer
+        if isinstance(answer, _SendAlone):  # pragma: no cover - a lone one is never sent back
+            raise AssertionError(f"acknowledgement of {ack.lease.execution_id} sent back alone")
         return answer
 
     async def _flush_acknowledgements(
-            self, acks: list[_Ack]) -> list[Acknowledged | BaseException]:
-        """One batch of the group commit. A value of one acknowledgement that
-        cannot be stored fails the batch's statement (nothing of it written):
-        then each is sent alone, so that only that one gets InvalidEvent."""
+            self, acks: list[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
+        """One batch of the group commit. An error of the batch's statement
+        that is not the database failing (a value of one acknowledgement that
+        cannot be stored, a constraint one row breaks) fails the statement
+        (nothing of it written): then each is sent alone, so that the error
+        is only its own acknowledgement's answer."""
         try:
             return await self._acknowledge_batch(acks)
-        except InvalidEvent:
-            if len(acks) == 1:
+        except Exception as exc:
+            if len(acks) == 1 or is_infrastructure(exc):  # every request's answer
                 raise
-        answers: list[Acknowledged | BaseException] = []
-        for ack in acks:
-            try:
-                answers.append(await self._acknowledge_alone(ack))
-            except Exception as exc:  # this acknowledgement's answer alone
-                answers.append(exc)
-        return answers
+        self.sent_alone += len(acks)
+        return [SEND_ALONE] * len(acks)
 
-    async def _acknowledge_batch(self, acks: Sequence[_Ack]) -> list[Acknowledged | BaseException]:
-        """`acks` in one statement (_ACKNOWLEDGE), one answer per ack in
-        order: Acknowledged, or LeaseLost (recorded as a fenced write
-        rejected). A second acknowledgement of the same execution, and the
-        parent of another one in the batch, each go alone after the batch."""
+    async def _acknowledge_batch(
+            self, acks: Sequence[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
+        """`acks` in one statement, one answer per ack in order: Acknowledged,
+        LeaseLost (recorded as a fenced write rejected), or SEND_ALONE for one
+        to be sent alone after this statement committed: a second
+        acknowledgement of the same execution, the parent of another one in
+        the batch, and one whose row or parent another transaction held. A
+        batch of one is sent as a lone acknowledgement (it may wait for a
+        lock, and is never sent back)."""
         first: dict[str, int] = {}
         batch: list[_Ack] = []
         later: list[int] = []
@@ -664,7 +732,7 @@ class Leases(StoreObject):
                 batch.append(ack)
         try:
             rows = await self.db.fetch(
-                _ACKNOWLEDGE,
+                _ACKNOWLEDGE_BATCH if len(batch) > 1 else _ACKNOWLEDGE_ALONE,
                 [a.lease.execution_id for a in batch],
                 [a.lease.token for a in batch],
                 [a.status for a in batch],
@@ -675,11 +743,11 @@ class Leases(StoreObject):
         except _UNSTORABLE as exc:
             # A result or error Postgres cannot store exactly: nothing written.
             raise InvalidEvent(str(exc)) from exc
-        answers: dict[int, Acknowledged | BaseException] = {}
+        answers: dict[int, Acknowledged | _SendAlone | BaseException] = {}
         ended: list[str] = []
         for row in rows:
             index = first[batch[row["n"] - 1].lease.execution_id]
-            if row["held_back"]:
+            if row["alone"]:
                 later.append(index)
                 continue
             ended.append(row["status"])
@@ -703,11 +771,9 @@ class Leases(StoreObject):
                     answers[i] = Acknowledged(found["status"], found["outcome"])
                 else:
                     answers[i] = await rejected(self.db, lease)
-        for i in sorted(later):
-            try:
-                answers[i] = await self._acknowledge_alone(acks[i])
-            except Exception as exc:  # this acknowledgement's answer alone
-                answers[i] = exc
+        for i in later:
+            answers[i] = SEND_ALONE
+        self.sent_alone += len(later)
         return [answers[i] for i in range(len(acks))]
 
     # -------------------------------------------------------------------- reaper

@@ -12,13 +12,15 @@ waits for the next statement, and the lock is then released.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
 from app.store import Acknowledged, Delivery, ExecutionStore, InvalidEvent, LeaseLost
+from app.store.leases import SEND_ALONE, _Ack
 from tests.support.admission import admitting
 from tests.support.claims import claim, claim_one
 from tests.support.waiting import wait_until
@@ -201,3 +203,194 @@ async def test_a_lone_acknowledgement_is_a_batch_of_one(store, pool, in_transact
     # Again with the same token: the recorded outcome, not a rejection.
     again = await store.leases.acknowledge(lease, "completed", result=2)
     assert again == got
+
+
+@contextlib.asynccontextmanager
+async def row_locks(pool: asyncpg.Pool, ids: list[str]) -> AsyncIterator[None]:
+    """Another transaction holds these execution rows (an operator's cancel
+    of a tree, a bulk update) until the block ends."""
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute("SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) "
+                               "FOR UPDATE", ids)
+            yield
+        finally:
+            await tx.rollback()
+
+
+async def batch_while_held(store: ExecutionStore, pool: asyncpg.Pool,
+                           blockers: list[Delivery], acks: list[Delivery],
+                           held: list[str], stalled: list[str],
+                           ) -> tuple[dict[str, Acknowledged],
+                                      dict[str, asyncio.Future[Acknowledged]]]:
+    """Acknowledge `acks` (completed, result = the ID) in ONE statement while
+    another transaction holds the rows `held`; `stalled` are the
+    acknowledgements that lock stops. Checks that every other one was
+    answered and committed while the rows were still held, and that the
+    stalled ones wrote nothing yet. Returns the answers that came, and the
+    acknowledgements still waiting (the lock is released when this returns)."""
+    group = store.leases.acknowledgements
+    assert group is not None
+    before = group.batches
+    async with row_locks(pool, held):
+        async with pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                await conn.execute("SELECT 1 FROM executions WHERE execution_id = ANY($1::text[])"
+                                   " FOR UPDATE", [d.lease.execution_id for d in blockers])
+                first = [asyncio.ensure_future(store.leases.acknowledge(d.lease, "completed"))
+                         for d in blockers]
+                await wait_until(lambda: group.batches == before + 2, timeout=10,
+                                 what="both blockers' statements in flight")
+                sent = {d.lease.execution_id: asyncio.ensure_future(store.leases.acknowledge(
+                    d.lease, "completed", result=d.lease.execution_id)) for d in acks}
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                assert group.batches == before + 2
+            finally:
+                await tx.rollback()
+            assert all(isinstance(a, Acknowledged) for a in await asyncio.gather(*first))
+        free = [eid for eid in sent if eid not in stalled]
+        # Liveness, not speed: the rows nobody else holds are answered while
+        # the others' lock is still held (statement_timeout is 10 s).
+        await wait_until(lambda: all(sent[eid].done() for eid in free), timeout=8,
+                         what="the batch's free rows answered while another row is held")
+        answered = {eid: f.result() for eid, f in sent.items() if f.done()}
+        for eid in free:
+            rec = await pool.fetchrow("SELECT status, outcome FROM executions "
+                                      "WHERE execution_id = $1", eid)
+            assert rec is not None
+            assert (rec["status"], rec["outcome"]) == ("completed", {"result": eid}), eid
+        waiting: dict[str, asyncio.Future[Acknowledged]] = {
+            eid: f for eid, f in sent.items() if not f.done()}
+        assert sorted(waiting) == sorted(stalled)
+        for eid in waiting:
+            assert await pool.fetchval("SELECT status FROM executions WHERE execution_id = $1",
+                                       eid) == "running"
+    assert group.batches == before + 3  # the acks went together
+    return answered, waiting
+
+
+async def test_a_row_another_transaction_holds_waits_alone_while_the_rest_of_its_batch_commits(
+        store, pool):
+    claimed = await held(store, 5, "held")
+    blockers = [claimed.pop("held-0"), claimed.pop("held-1")]
+    answered, waiting = await batch_while_held(
+        store, pool, blockers, [claimed[e] for e in sorted(claimed)], held=["held-3"],
+        stalled=["held-3"])
+    assert answered == {eid: Acknowledged("completed", {"result": eid})
+                        for eid in ("held-2", "held-4")}
+    assert sorted(waiting) == ["held-3"]
+    # Released: the held row's acknowledgement completes on its own.
+    assert await waiting["held-3"] == Acknowledged("completed", {"result": "held-3"})
+    assert (await events(pool, "held-3"))[-1] == "acknowledged"
+
+
+async def test_a_child_whose_parent_another_transaction_holds_waits_alone_and_wakes_it(
+        store, pool):
+    # The child's end wakes its parent: a held parent row would stop the
+    # whole statement at the wake, so the child goes alone and waits.
+    claimed = await held(store, 3, "tree")
+    blockers = [claimed.pop("tree-0"), claimed.pop("tree-1")]
+    await admit(store, "root")
+    root = await claim_one(store, "root")
+    await store.compose.start_child(root.lease, "kid", workflow_id=WORKFLOW, params={},
+                                    child_id="leaf")
+    assert await store.leases.acknowledge(root.lease, "suspended",
+                                          waiting_on={"child": "leaf"}) == Acknowledged(
+        "suspended", None)
+    leaf = await claim_one(store, "leaf")
+    await pool.execute("UPDATE executions SET due_at = now() + interval '1 hour' "
+                       "WHERE execution_id = 'root'")
+
+    answered, waiting = await batch_while_held(
+        store, pool, blockers, [claimed["tree-2"], leaf], held=["root"], stalled=["leaf"])
+
+    assert answered == {"tree-2": Acknowledged("completed", {"result": "tree-2"})}
+    assert await waiting["leaf"] == Acknowledged("completed", {"result": "leaf"})
+    rec = await pool.fetchrow("SELECT status, due_at <= now() AS due FROM executions "
+                              "WHERE execution_id = 'root'")
+    assert (rec["status"], rec["due"]) == ("suspended", True)
+
+
+async def test_two_batches_whose_rows_wake_each_others_parents_do_not_deadlock(store, pool):
+    # Batch X acknowledges P2 and c1 (a child of P1), batch Y P1 and c3 (a
+    # child of P2): had each locked its own rows and then the parents its
+    # children wake, X would wait for P1 (Y's) and Y for P2 (X's). Forced:
+    # a test trigger makes each ending row's update take 0.4 s, so both
+    # statements are in flight together.
+    for eid in ("P1", "P2", "c1", "c3"):
+        await admit(store, eid)
+    await pool.execute("UPDATE executions SET parent_execution_id = 'P1' WHERE execution_id = 'c1'")
+    await pool.execute("UPDATE executions SET parent_execution_id = 'P2' WHERE execution_id = 'c3'")
+    ds = await claim(store)
+    await pool.execute("""
+        CREATE FUNCTION slow_end() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF OLD.status = 'running' AND NEW.status <> 'running' THEN PERFORM pg_sleep(0.4); END IF;
+          RETURN NEW;
+        END $$;
+        CREATE TRIGGER slow_end BEFORE UPDATE ON executions
+            FOR EACH ROW EXECUTE FUNCTION slow_end();
+    """)
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    deadlocks_before = await pool.fetchval(deadlocks)
+    retried_before = store.pool.retried["40P01"], store.pool.exhausted["40P01"]
+    alone_before = store.leases.sent_alone
+
+    x, y = await asyncio.gather(
+        each_answer(store, [ds["P2"], ds["c1"]]), each_answer(store, [ds["P1"], ds["c3"]]))
+
+    assert x + y == [Acknowledged("completed", {"result": eid})
+                     for eid in ("P2", "c1", "P1", "c3")]
+    assert (store.pool.retried["40P01"], store.pool.exhausted["40P01"]) == retried_before
+    # The statements met (one found a row or parent the other held, and sent
+    # those acknowledgements alone, after it), and no statement deadlocked.
+    assert store.leases.sent_alone > alone_before
+    await pool.execute("SELECT pg_stat_force_next_flush()")
+    assert await pool.fetchval(deadlocks) == deadlocks_before
+
+
+async def each_answer(store: ExecutionStore, acks: list[Delivery]) -> list[Any]:
+    """`acks` (completed, result = the ID) as one batch of the group commit
+    (its flush called directly), each sent alone when the batch says so."""
+    batch = [_Ack(d.lease, "completed", f'{{"result": "{d.lease.execution_id}"}}', None, None)
+             for d in acks]
+    answers = await store.leases._flush_acknowledgements(batch)
+    return [await store.leases._acknowledge_alone(ack) if answer is SEND_ALONE else answer
+            for ack, answer in zip(batch, answers, strict=True)]
+
+
+async def test_an_error_of_one_row_that_is_not_the_database_failing_fails_only_its_own(
+        store, pool):
+    # A constraint one row breaks (here a test trigger's check_violation on
+    # its event) fails the batch's statement: each is then sent alone.
+    claimed = await held(store, 5, "check")
+    blockers = [claimed.pop("check-0"), claimed.pop("check-1")]
+    await pool.execute("""
+        CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.execution_id = 'check-3' AND NEW.kind = 'acknowledged' THEN
+            RAISE EXCEPTION 'refused' USING ERRCODE = 'check_violation';
+          END IF;
+          RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_one BEFORE INSERT ON execution_events
+            FOR EACH ROW EXECUTE FUNCTION refuse_one();
+    """)
+    order = sorted(claimed)
+
+    answers = await in_one_batch(store, pool, blockers, [
+        (lambda d=claimed[eid]: store.leases.acknowledge(d.lease, "completed",
+                                                         result=d.lease.execution_id))
+        for eid in order])
+
+    by_id = dict(zip(order, answers, strict=True))
+    assert isinstance(by_id.pop("check-3"), asyncpg.CheckViolationError)
+    assert (await pool.fetchval("SELECT status FROM executions WHERE execution_id = 'check-3'")
+            == "running")
+    for eid, got in by_id.items():
+        assert got == Acknowledged("completed", {"result": eid}), (eid, got)
