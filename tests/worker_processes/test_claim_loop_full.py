@@ -52,7 +52,7 @@ async def workers(store_settings: Settings,
 
 
 async def test_a_full_worker_waits_for_a_freed_slot_not_for_a_due_time_already_past(
-        store, workers):
+        store: ExecutionStore, workers: InProcessWorkers) -> None:
     busy = await admit(store, "sdk-gated", "busy")
     later = await admit(store, "sdk-return", "later", delay_seconds=0.5)
     worker = await workers.start(concurrency=1, poll_seconds=POLL_SECONDS)
