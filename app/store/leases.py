@@ -699,18 +699,8 @@ class Leases(StoreObject):
 
     async def _flush_acknowledgements(
             self, acks: list[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
-        """One batch of the group commit. An error of the batch's statement
-        that is not the database failing (a value of one acknowledgement that
-        cannot be stored, a constraint one row breaks) fails the statement
-        (nothing of it written): then each is sent alone, so that the error
-        is only its own acknowledgement's answer."""
-        try:
-            return await self._acknowledge_batch(acks)
-        except Exception as exc:
-            if len(acks) == 1 or is_infrastructure(exc):  # every request's answer
-                raise
-        self.sent_alone += len(acks)
-        return [SEND_ALONE] * len(acks)
+        """One batch of the group commit (see _acknowledge_batch)."""
+        return await self._acknowledge_batch(acks)
 
     async def _acknowledge_batch(
             self, acks: Sequence[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
@@ -720,7 +710,12 @@ class Leases(StoreObject):
         acknowledgement of the same execution, the parent of another one in
         the batch, and one whose row or parent another transaction held. A
         batch of one is sent as a lone acknowledgement (it may wait for a
-        lock, and is never sent back)."""
+        lock, and is never sent back).
+
+        An error of a batch's statement that is not the database failing (a
+        value of one acknowledgement that cannot be stored, a constraint one
+        row breaks) means nothing of it was written: then every one is sent
+        alone, so that the error is only its own acknowledgement's answer."""
         first: dict[str, int] = {}
         batch: list[_Ack] = []
         later: list[int] = []
@@ -740,9 +735,14 @@ class Leases(StoreObject):
                 [a.traceback for a in batch],
                 [a.waiting_on for a in batch],
             )
-        except _UNSTORABLE as exc:
-            # A result or error Postgres cannot store exactly: nothing written.
-            raise InvalidEvent(str(exc)) from exc
+        except Exception as exc:
+            if len(acks) > 1 and not is_infrastructure(exc):
+                self.sent_alone += len(acks)
+                return [SEND_ALONE] * len(acks)
+            if isinstance(exc, _UNSTORABLE):
+                # A result or error Postgres cannot store exactly: nothing written.
+                raise InvalidEvent(str(exc)) from exc
+            raise
         answers: dict[int, Acknowledged | _SendAlone | BaseException] = {}
         ended: list[str] = []
         for row in rows:

@@ -205,28 +205,41 @@ async def test_a_lone_acknowledgement_is_a_batch_of_one(store, pool, in_transact
     assert again == got
 
 
+LOCK = "SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) FOR UPDATE"
+# Another worker's claim taking the executions over (their leases expired).
+TAKEOVER = ("UPDATE executions SET token = token + 1, lease_owner = 'worker-B' "
+            "WHERE execution_id = ANY($1::text[])")
+
+
 @contextlib.asynccontextmanager
-async def row_locks(pool: asyncpg.Pool, ids: list[str]) -> AsyncIterator[None]:
+async def row_locks(pool: asyncpg.Pool, ids: list[str], statement: str = LOCK,
+                    commit: bool = False) -> AsyncIterator[None]:
     """Another transaction holds these execution rows (an operator's cancel
-    of a tree, a bulk update) until the block ends."""
+    of a tree, a bulk update; `statement`) until the block ends, and then
+    rolls back (or commits)."""
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
-            await conn.execute("SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) "
-                               "FOR UPDATE", ids)
+            await conn.execute(statement, ids)
             yield
-        finally:
+        except BaseException:
+            await tx.rollback()
+            raise
+        if commit:
+            await tx.commit()
+        else:
             await tx.rollback()
 
 
 async def batch_while_held(store: ExecutionStore, pool: asyncpg.Pool,
                            blockers: list[Delivery], acks: list[Delivery],
-                           held: list[str], stalled: list[str],
+                           held: list[str], stalled: list[str], takeover: bool = False,
                            ) -> tuple[dict[str, Acknowledged],
                                       dict[str, asyncio.Future[Acknowledged]]]:
     """Acknowledge `acks` (completed, result = the ID) in ONE statement while
-    another transaction holds the rows `held`; `stalled` are the
+    another transaction holds the rows `held` (with `takeover`, a claim of
+    them by another worker, then committed); `stalled` are the
     acknowledgements that lock stops. Checks that every other one was
     answered and committed while the rows were still held, and that the
     stalled ones wrote nothing yet. Returns the answers that came, and the
@@ -234,7 +247,7 @@ async def batch_while_held(store: ExecutionStore, pool: asyncpg.Pool,
     group = store.leases.acknowledgements
     assert group is not None
     before = group.batches
-    async with row_locks(pool, held):
+    async with row_locks(pool, held, TAKEOVER if takeover else LOCK, commit=takeover):
         async with pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
@@ -394,3 +407,28 @@ async def test_an_error_of_one_row_that_is_not_the_database_failing_fails_only_i
             == "running")
     for eid, got in by_id.items():
         assert got == Acknowledged("completed", {"result": eid}), (eid, got)
+
+
+async def test_a_takeover_committed_while_a_batch_row_waited_refuses_that_row_alone(
+        store, pool):
+    # The batch skips the row the claim holds; sent alone, it waits for the
+    # claim, and its fence then sees the new token: LeaseLost, nothing written.
+    claimed = await held(store, 5, "taken")
+    blockers = [claimed.pop("taken-0"), claimed.pop("taken-1")]
+    old = claimed["taken-3"].lease
+    answered, waiting = await batch_while_held(
+        store, pool, blockers, [claimed[e] for e in sorted(claimed)], held=["taken-3"],
+        stalled=["taken-3"], takeover=True)
+    assert answered == {eid: Acknowledged("completed", {"result": eid})
+                        for eid in ("taken-2", "taken-4")}
+    with pytest.raises(LeaseLost):
+        await waiting["taken-3"]
+    rec = await pool.fetchrow("SELECT status, token, lease_owner FROM executions "
+                              "WHERE execution_id = 'taken-3'")
+    assert rec is not None
+    assert (rec["status"], rec["token"], rec["lease_owner"]) == (
+        "running", old.token + 1, "worker-B")
+    assert "acknowledged" not in await events(pool, "taken-3")
+    rejected = await pool.fetch("SELECT token FROM execution_events WHERE execution_id = "
+                                "'taken-3' AND kind = 'fenced_write_rejected'")
+    assert [r["token"] for r in rejected] == [old.token]
