@@ -31,8 +31,12 @@ async def lock_waiters(pool, n: int) -> bool:
 
 
 async def waiting_on(store: ExecutionStore, parent_id: str, child_id: str) -> dict | None:
+    """The parent's record once it waits for `child_id` with no wake pending
+    (a suspended parent that is due, e.g. woken by another child's end, is
+    about to be claimed and replayed: it is not waiting yet)."""
     record = await store.history.get(parent_id)
-    ok = record["status"] == "suspended" and record["waiting_on"] == {"child": child_id}
+    ok = (record["status"] == "suspended" and record["waiting_on"] == {"child": child_id}
+          and record["due_at"] is None)
     return record if ok else None
 
 
