@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import asyncpg
 
 from app.db import _encode_json as encode_json
+from app.dberrors import is_infrastructure
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
@@ -98,11 +102,14 @@ class StepWrite:
 @dataclass(frozen=True)
 class StepWritten:
     """The fence's answer to one StepWrite: `fenced` False, the token was not
-    current and nothing was written; else the step as recorded (by this
-    write or an earlier one), with the interrupt the holder must obey."""
+    current and nothing was written (`skipped` True: not known yet, its
+    execution row was held by another transaction, see _FENCED_INPUT); else
+    the step as recorded (by this write or an earlier one), with the
+    interrupt the holder must obey."""
 
     fenced: bool
     record: StepRecord | None
+    skipped: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,39 +134,65 @@ class TimerWritten:
     interrupt: str | None
     wake_at: str | None
     db_now: datetime
+    skipped: bool = False
 
 
-# The fence of a batch of writes, `input` (one row per write, numbered `ord`):
-# each write keeps its own fence, its execution's row with ITS token, still
-# `running`, locked FOR SHARE, so no claim comes between any write's check and
-# its insert, and a stale write is refused while the rest of the batch
-# commits. Rows are locked in execution_id order: two batches never wait for
-# each other in a cycle. `first`: the fenced writes, a key given twice only
-# once, by its first write (the others then find it recorded).
-_FENCED_INPUT = f"""
-fence AS (
-    SELECT i.ord, {INTERRUPT_SQL}
-    FROM input i JOIN executions e
-        ON e.execution_id = i.execution_id AND e.token = i.token AND e.status = 'running'
+# The fence of a batch of writes, `input` (one row per write, numbered `ord`;
+# $1 the writes' execution IDs). Where it is atomic: `locked` takes each
+# execution row of the batch FOR SHARE, once, while it is still `running`
+# (re-checked on the row's latest version if it changed since the
+# statement's snapshot), and holds it to commit; `fence` then compares each
+# write's token with that locked row. A claim must lock the row FOR UPDATE to
+# move the token, so none comes between a write's check and its insert; each
+# write keeps its own token, and a stale one is refused while the rest of the
+# batch commits. `first`: the fenced writes, a key given twice only once, by
+# its first write (the others then find it recorded).
+#
+# {skip}: in a batch, SKIP LOCKED: a row another transaction holds (an
+# operator's cancel, a bulk update, a renewal, a claim) must not hold back
+# every other write of the batch. Such a row is not locked, so none of its
+# writes is fenced or written; `skipped` says so (its token and status still
+# matched in the statement's snapshot: not a refusal), and each is written
+# again by this statement without SKIP LOCKED, which waits for the row as a
+# single write always did and checks the token again. Without SKIP LOCKED,
+# rows are locked in execution_id order: two statements never wait for each
+# other in a cycle.
+_FENCED_INPUT = """
+locked AS (
+    SELECT e.execution_id, e.token, {interrupt}
+    FROM executions e
+    WHERE e.execution_id = ANY($1::text[]) AND e.status = 'running'
     ORDER BY e.execution_id
-    FOR SHARE OF e
+    FOR SHARE OF e {skip}
+), fence AS (
+    SELECT i.ord, l.interrupt
+    FROM input i JOIN locked l ON l.execution_id = i.execution_id AND l.token = i.token
 ), first AS (
     SELECT DISTINCT ON (i.execution_id, i.step_key) i.*
     FROM input i JOIN fence f USING (ord)
     ORDER BY i.execution_id, i.step_key, i.ord
 )"""
 
+# Per answer row (input `i`, fence `f`): a write neither fenced nor refused,
+# its execution row not locked by `locked` (see _FENCED_INPUT).
+_SKIPPED = """
+f.ord IS NULL
+    AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.execution_id = i.execution_id)
+    AND EXISTS (SELECT 1 FROM executions e
+                WHERE e.execution_id = i.execution_id AND e.token = i.token
+                  AND e.status = 'running') AS skipped"""
+
 # Every step write of a batch in one statement (one array element per write;
 # a batch of one is a single write), fenced as above. Each inserted step
 # appends its 'step_recorded' event, in the order the writes were given. One
 # answer row per write, in that order.
-_WRITE_STEPS = f"""
+_WRITE_STEPS = """
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::int[], $9::int[])
         WITH ORDINALITY AS i(execution_id, token, step_key, status, value, error,
                              function_name, attempts, position, ord)
-), {_FENCED_INPUT}, ins AS (
+), {fenced_input}, ins AS (
     INSERT INTO execution_steps
         (execution_id, step_key, status, value, error, function_name, attempts, token, position)
     SELECT execution_id, step_key, status, value::jsonb, error::jsonb, function_name, attempts,
@@ -176,7 +209,7 @@ WITH input AS (
     ORDER BY first.ord
 )
 SELECT f.ord IS NOT NULL AS fenced, f.interrupt, ins.step_key, ins.status, ins.value,
-       ins.error, ins.function_name, ins.attempts, ins.token, ins.recorded_at
+       ins.error, ins.function_name, ins.attempts, ins.token, ins.recorded_at, {skipped}
 FROM input i
 LEFT JOIN fence f USING (ord)
 LEFT JOIN first USING (ord)
@@ -190,12 +223,12 @@ ORDER BY i.ord
 # recorded timer keeps its time (the answer's `value`; NULL when it was
 # recorded after this statement's snapshot, by a concurrent write or an
 # earlier write of this batch). One answer row per timer, in order.
-_RECORD_TIMERS = f"""
+_RECORD_TIMERS = """
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::float8[],
                          $5::timestamptz[], $6::int[])
         WITH ORDINALITY AS i(execution_id, token, step_key, delay, until, position, ord)
-), {_FENCED_INPUT}, ins AS (
+), {fenced_input}, ins AS (
     INSERT INTO execution_steps
         (execution_id, step_key, status, value, function_name, token, position)
     SELECT execution_id, step_key, 'completed',
@@ -213,7 +246,7 @@ WITH input AS (
     ORDER BY first.ord
 )
 SELECT f.ord IS NOT NULL AS fenced, f.interrupt, coalesce(ins.value, s.value) AS value,
-       now() AS db_now
+       now() AS db_now, {skipped}
 FROM input i
 LEFT JOIN fence f USING (ord)
 LEFT JOIN first USING (ord)
@@ -222,6 +255,19 @@ LEFT JOIN execution_steps s
     ON f.ord IS NOT NULL AND s.execution_id = i.execution_id AND s.step_key = i.step_key
 ORDER BY i.ord
 """
+
+
+
+def _statements(template: str) -> dict[bool, str]:
+    """`template` waiting for held rows (False) and skipping them (True)."""
+    return {skip_locked: template.format(
+        fenced_input=_FENCED_INPUT.format(interrupt=INTERRUPT_SQL,
+                                          skip="SKIP LOCKED" if skip_locked else ""),
+        skipped=_SKIPPED) for skip_locked in (False, True)}
+
+
+_WRITE_STEPS_BY_SKIP = _statements(_WRITE_STEPS)
+_RECORD_TIMERS_BY_SKIP = _statements(_RECORD_TIMERS)
 
 # Steps already recorded, by (execution, key): a statement of its own, after
 # the write's, so a step recorded concurrently after the write's snapshot is
@@ -239,12 +285,14 @@ def _json(value: Any) -> str | None:
     return None if value is None else encode_json(value)
 
 
-async def write_steps(db: Handle, writes: Sequence[StepWrite]) -> list[StepWritten]:
+async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
+                      skip_locked: bool = False) -> list[StepWritten]:
     """Record `writes` in one statement (_WRITE_STEPS); one answer per write,
     in order. A value Postgres cannot store raises (_UNSTORABLE), and then
-    nothing of the batch was written."""
+    nothing of the batch was written. `skip_locked`: writes whose execution
+    row another transaction holds are answered `skipped`, not waited for."""
     rows = await db.fetch(
-        _WRITE_STEPS,
+        _WRITE_STEPS_BY_SKIP[skip_locked],
         [w.lease.execution_id for w in writes],
         [w.lease.token for w in writes],
         [w.step_key for w in writes],
@@ -267,7 +315,7 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite]) -> list[StepWritt
     answers = []
     for w, row in zip(writes, rows, strict=True):
         if not row["fenced"]:
-            answers.append(StepWritten(False, None))
+            answers.append(StepWritten(False, None, skipped=row["skipped"]))
             continue
         if row["step_key"] is not None:
             answers.append(StepWritten(True, step_record(row, row["interrupt"])))
@@ -278,10 +326,12 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite]) -> list[StepWritt
     return answers
 
 
-async def record_timers(db: Handle, timers: Sequence[TimerWrite]) -> list[TimerWritten]:
-    """Record `timers` in one statement (_RECORD_TIMERS); one answer per timer."""
+async def record_timers(db: Handle, timers: Sequence[TimerWrite], *,
+                        skip_locked: bool = False) -> list[TimerWritten]:
+    """Record `timers` in one statement (_RECORD_TIMERS); one answer per
+    timer. `skip_locked` as for write_steps."""
     rows = await db.fetch(
-        _RECORD_TIMERS,
+        _RECORD_TIMERS_BY_SKIP[skip_locked],
         [t.lease.execution_id for t in timers],
         [t.lease.token for t in timers],
         [t.step_key for t in timers],
@@ -290,24 +340,47 @@ async def record_timers(db: Handle, timers: Sequence[TimerWrite]) -> list[TimerW
         [t.position for t in timers],
     )
     assert len(rows) == len(timers)  # the statement answers every timer
-    return [TimerWritten(r["fenced"], r["interrupt"], r["value"], r["db_now"]) for r in rows]
+    return [TimerWritten(r["fenced"], r["interrupt"], r["value"], r["db_now"], r["skipped"])
+            for r in rows]
+
+
+class _Fenced(Protocol):
+    @property
+    def lease(self) -> Lease: ...
+
+
+class _MaySkip(Protocol):
+    @property
+    def skipped(self) -> bool: ...
 
 
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
+Write = TypeVar("Write", bound=_Fenced)
+Written = TypeVar("Written", bound=_MaySkip)
+
+
+@dataclass(frozen=True)
+class Later(Generic[Written]):
+    """A batch's answer for a write whose execution row another transaction
+    held: the write, done again after the batch (waiting for that row), will
+    answer here."""
+
+    answer: asyncio.Future[Written]
 
 
 async def batch_or_each_alone(
         write: Callable[[Sequence[Item]], Awaitable[list[Answer]]],
         items: list[Item]) -> list[Answer | BaseException]:
-    """One batch of a group commit: `write(items)` in one statement. A value
-    of one item that Postgres cannot store fails the whole statement (nothing
-    of it written): then each item is written alone, so that only that one
-    fails (its answer is its own exception)."""
+    """One batch of a group commit: `write(items)` in one statement. An error
+    of one item's own (a value Postgres cannot store, a key too long for its
+    index) fails the whole statement (nothing of it written): then each item
+    is written alone, so that only that one fails (its answer is its own
+    exception). The database failing is every item's error."""
     try:
         return list(await write(items))
-    except _UNSTORABLE:
-        if len(items) == 1:
+    except Exception as exc:
+        if len(items) == 1 or is_infrastructure(exc):
             raise
     answers: list[Answer | BaseException] = []
     for item in items:
@@ -320,6 +393,37 @@ async def batch_or_each_alone(
     return answers
 
 
+def _own_copy(exc: Exception) -> Exception:
+    """Each caller's own copy of an error several receive (one object raised
+    in several tasks would carry one caller's traceback into the others')."""
+    try:
+        return copy.copy(exc)
+    except Exception:  # cannot be copied: shared as it is
+        return exc
+
+
+async def _write_held(write: Callable[[Sequence[Write]], Awaitable[list[Written]]],
+                      items: list[Write], answers: list[asyncio.Future[Written]]) -> None:
+    """The writes of ONE execution that a batch skipped, written again in one
+    statement that waits for the row (in the order they were submitted, so
+    that order is kept), each answer to its future."""
+    try:
+        written = await batch_or_each_alone(write, items)
+    except asyncio.CancelledError:  # the writer's loop is ending
+        for future in answers:
+            future.cancel()
+        raise
+    except Exception as exc:  # every one's: nothing of them committed
+        written = [_own_copy(exc) for _ in items]
+    for future, answer in zip(answers, written, strict=True):
+        if future.done():
+            continue  # its caller stopped waiting; its row's fate is the statement's
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+
+
 class Steps(StoreObject):
     def __init__(self, db: Handle, config: StoreConfig) -> None:
         super().__init__(db, config)
@@ -327,20 +431,53 @@ class Steps(StoreObject):
         # deliveries) go in one statement per batch of each kind; in a
         # caller's transaction each is its own statement, so that it joins
         # the transaction.
-        self.step_writes: GroupCommit[StepWrite, StepWritten] | None = None
-        self.timer_writes: GroupCommit[TimerWrite, TimerWritten] | None = None
+        self.step_writes: GroupCommit[StepWrite, StepWritten | Later[StepWritten]] | None = None
+        self.timer_writes: GroupCommit[TimerWrite, TimerWritten | Later[TimerWritten]] | None = None
+        # Writes skipped by a batch, being written again (held here: the
+        # loop keeps only a weak reference to a task).
+        self.held_writes: set[asyncio.Task[None]] = set()
         if isinstance(db, RetryingPool):
             self.step_writes = GroupCommit(self.flush_step_writes)
             self.timer_writes = GroupCommit(self.flush_timers)
 
     async def flush_step_writes(
-            self, writes: list[StepWrite]) -> list[StepWritten | BaseException]:
+            self, writes: list[StepWrite]) -> list[StepWritten | Later[StepWritten] | BaseException]:
         """One batch of step writes (the group commit's flush)."""
-        return await batch_or_each_alone(partial(write_steps, self.db), writes)
+        answers = await batch_or_each_alone(
+            partial(write_steps, self.db, skip_locked=True), writes)
+        return self.later_if_skipped(partial(write_steps, self.db), writes, answers)
 
-    async def flush_timers(self, timers: list[TimerWrite]) -> list[TimerWritten | BaseException]:
+    async def flush_timers(
+            self, timers: list[TimerWrite]) -> list[TimerWritten | Later[TimerWritten] | BaseException]:
         """One batch of timers (the group commit's flush)."""
-        return await batch_or_each_alone(partial(record_timers, self.db), timers)
+        answers = await batch_or_each_alone(
+            partial(record_timers, self.db, skip_locked=True), timers)
+        return self.later_if_skipped(partial(record_timers, self.db), timers, answers)
+
+    def later_if_skipped(
+            self, write: Callable[[Sequence[Write]], Awaitable[list[Written]]],
+            items: Sequence[Write], answers: list[Written | BaseException],
+    ) -> list[Written | Later[Written] | BaseException]:
+        """A batch's answers, each write its batch skipped (its execution row
+        was held) answered Later: written again at once, alone with the other
+        skipped writes of its execution, by `write`, which waits for the row.
+        The batch's other answers go back now, not after that wait."""
+        loop = asyncio.get_running_loop()
+        held: defaultdict[str, list[tuple[Write, asyncio.Future[Written]]]] = defaultdict(list)
+        out: list[Written | Later[Written] | BaseException] = []
+        for item, answer in zip(items, answers, strict=True):
+            if isinstance(answer, BaseException) or not answer.skipped:
+                out.append(answer)
+                continue
+            future: asyncio.Future[Written] = loop.create_future()
+            held[item.lease.execution_id].append((item, future))
+            out.append(Later(future))
+        for writes in held.values():
+            task = loop.create_task(_write_held(
+                write, [i for i, _ in writes], [f for _, f in writes]))
+            self.held_writes.add(task)
+            task.add_done_callback(self.held_writes.discard)
+        return out
 
     async def write_step(
         self,
@@ -365,7 +502,9 @@ class Steps(StoreObject):
         On the pool, writes that arrive while earlier ones are in flight go
         together in the next statement (group commit): each keeps its own
         fence and gets its own answer, and a value that cannot be stored
-        fails only its own write (InvalidEvent).
+        fails only its own write (InvalidEvent). A batch does not wait for an
+        execution row another transaction holds: that row's writes are done
+        again after it, waiting for the row, and answered then (Later).
         """
         try:
             write = StepWrite(lease, step_key, "failed" if error is not None else "completed",
@@ -373,7 +512,8 @@ class Steps(StoreObject):
             if self.step_writes is None:
                 [written] = await write_steps(self.db, [write])
             else:
-                written = await self.step_writes.submit(write)
+                batched = await self.step_writes.submit(write)
+                written = await batched.answer if isinstance(batched, Later) else batched
         except _UNSTORABLE as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
         if not written.fenced:
@@ -439,12 +579,14 @@ class Steps(StoreObject):
         """Record a durable timer as a fenced step whose value is the wake time,
         computed from the database clock (`now() + delay`) or given (`until`).
         An already-recorded timer keeps its time. Returns (wake_at, db_now,
-        interrupt). On the pool, timers are group-committed like step writes."""
+        interrupt). On the pool, timers are group-committed like step writes
+        (a held execution row waited for by its own timers only)."""
         timer = TimerWrite(lease, step_key, float(delay_seconds or 0.0), until, position)
         if self.timer_writes is None:
             [written] = await record_timers(self.db, [timer])
         else:
-            written = await self.timer_writes.submit(timer)
+            batched = await self.timer_writes.submit(timer)
+            written = await batched.answer if isinstance(batched, Later) else batched
         if not written.fenced:
             raise await rejected(self.db, lease, step_key)
         wake_at = written.wake_at

@@ -14,18 +14,22 @@ batches of several writes really happened and that every answer was right.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 
 from app.store import Delivery, ExecutionStore, InvalidEvent, Lease, LeaseLost, StepRecord
 from app.store.group_commit import GroupCommit
+from app.store.steps import StepWrite, write_steps
 from tests.support.admission import admitting
 from tests.support.claims import claim, claim_one
-from tests.support.races import Outcomes, StatementGate
+from tests.support.races import Outcomes, StatementGate, until_waiting
+from tests.support.waiting import wait_until
 
 admit = admitting("grouped")
 BLOCKERS = ("blocker-1", "blocker-2")
@@ -320,3 +324,265 @@ async def test_concurrent_deliveries_with_stale_ones_each_get_their_own_answer(
                 assert [(e["kind"], e["token"]) for e in await events_of(pool, eid)] == [
                     ("step_recorded", leases[eid].token)]
     seen.assert_each("10 writes at once, 3 of them stale", "stale writes")
+
+
+class HeldRow:
+    """One execution row held by another transaction (an operator's cancel, a
+    bulk update, a renewal), from a connection of its own: `FOR UPDATE`, or
+    an UPDATE of the row (`change`) that commits on release."""
+
+    def __init__(self, pool, execution_id: str, change: str | None = None) -> None:
+        self.pool, self.execution_id, self.change = pool, execution_id, change
+        self.released = False
+
+    async def __aenter__(self) -> HeldRow:
+        self.conn = await self.pool.acquire()
+        self.tx = self.conn.transaction()
+        await self.tx.start()
+        sql = (f"UPDATE executions SET {self.change} WHERE execution_id = $1 RETURNING 1"
+               if self.change else "SELECT 1 FROM executions WHERE execution_id = $1 FOR UPDATE")
+        assert await self.conn.fetchval(sql, self.execution_id) == 1
+        return self
+
+    async def release(self) -> None:
+        if not self.released:
+            self.released = True
+            await (self.tx.commit() if self.change else self.tx.rollback())
+            await self.pool.release(self.conn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+async def committed_steps(open_pool, eid: str) -> dict[str, int]:
+    """The steps of `eid` another connection sees committed, with their tokens."""
+    other = await open_pool()
+    return {r["step_key"]: r["token"] for r in await other.fetch(
+        "SELECT step_key, token FROM execution_steps WHERE execution_id = $1", eid)}
+
+
+@pytest.mark.parametrize("timers", [False, True], ids=["step", "timer"])
+@pytest.mark.parametrize("change", [None, "cancel_requested_at = now()"],
+                         ids=["locked-rolled-back", "cancel-committed"])
+async def test_a_row_held_elsewhere_holds_back_only_its_own_write(
+        store, pool, open_pool, timers, change):
+    """Another transaction holds one execution row of a batch: the batch does
+    not wait for it. The other writes commit at once, while the row is still
+    held; the held row's write waits for it alone (as a single write always
+    did), then commits with its own token, and sees what the holder
+    committed (a cancel: its interrupt)."""
+    ds = await claimed(store, [*BLOCKERS, "good-1", "held", "good-2"])
+    goods = ("good-1", "good-2")
+    seen_while_held: dict[str, dict[str, int]] = {}
+    both_done = asyncio.Event()
+
+    def write(eid: str) -> Coroutine[Any, Any, Any]:
+        if timers:
+            return store.steps.record_timer(ds[eid].lease, "s", delay_seconds=30)
+        return store.steps.write_step(ds[eid].lease, "s", value=eid)
+
+    async def good(eid: str) -> Any:
+        answer = await write(eid)
+        if not row.released:
+            seen_while_held[eid] = await committed_steps(open_pool, eid)
+        if len(seen_while_held) == len(goods):
+            both_done.set()
+        return answer
+
+    async def release_after_the_others() -> None:
+        # Held until both others answered (at most 5 s: a batch that waits
+        # for the held row answers them only after this releases it), and
+        # the held row's own write waits for the lock.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(both_done.wait(), 5)
+        await until_waiting(pool, 1, "row", what="the held row's write", query="execution_steps",
+                            also=lambda: held.done())
+        await row.release()
+
+    async with HeldRow(pool, "held", change) as row:
+        held: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        releaser = asyncio.create_task(release_after_the_others())
+
+        async def held_write() -> Any:
+            try:
+                answer = await write("held")
+            except BaseException as exc:
+                held.set_exception(exc)
+                raise
+            held.set_result(answer)
+            assert row.released, "the held row's write waited for the lock"
+            return answer
+
+        results = await in_one_batch(store, pool, ds, [
+            lambda: good("good-1"), held_write, lambda: good("good-2")], timers=timers)
+        await releaser
+
+    assert seen_while_held == {eid: {"s": ds[eid].lease.token} for eid in goods}, (
+        "the others committed while the row was held")
+    for eid, answer in zip(("good-1", "held", "good-2"), results, strict=True):
+        assert not isinstance(answer, BaseException), (eid, answer)
+        interrupt = answer[2] if timers else answer.interrupt
+        assert interrupt == ("cancel" if change and eid == "held" else None), (eid, answer)
+        if not timers:
+            assert (answer.token, answer.value) == (ds[eid].lease.token, eid)
+        assert {k: r["token"] for k, r in (await step_rows(pool, eid)).items()} == {
+            "s": ds[eid].lease.token}
+        assert [(e["kind"], e["token"]) for e in await events_of(pool, eid)] == [
+            ("step_recorded", ds[eid].lease.token)]
+
+
+@pytest.mark.parametrize("timers", [False, True], ids=["step", "timer"])
+async def test_a_claim_holding_a_row_of_a_batch_refuses_that_write_once_it_commits(
+        store, pool, timers):
+    """A claim (another worker's, after this lease expired) has bumped one
+    row's token and not committed yet: the batch answers the others at once;
+    that row's write waits for the claim alone, then is refused (its token
+    is no longer current), recorded as a fenced_write_rejected."""
+    ds = await claimed(store, [*BLOCKERS, "a-good", "x-contested", "z-good"])
+
+    def write(eid: str) -> Coroutine[Any, Any, Any]:
+        if timers:
+            return store.steps.record_timer(ds[eid].lease, "s", delay_seconds=30)
+        return store.steps.write_step(ds[eid].lease, "s", value=eid)
+
+    thief = HeldRow(pool, "x-contested", "token = token + 1, lease_owner = 'thief'")
+    async with thief:
+        tasks: dict[str, asyncio.Task[Any]] = {}
+
+        def start(eid: str) -> Callable[[], Coroutine[Any, Any, Any]]:
+            async def run() -> Any:
+                tasks[eid] = asyncio.current_task()  # type: ignore[assignment]
+                return await write(eid)
+            return run
+
+        async def commit_the_claim() -> None:
+            await wait_until(lambda: len(tasks) == 3 and tasks["a-good"].done()
+                             and tasks["z-good"].done(), what="the others answered")
+            assert not tasks["x-contested"].done()
+            await until_waiting(pool, 1, "row", what="the contested write",
+                                query="execution_steps")
+            await thief.release()
+
+        committer = asyncio.create_task(commit_the_claim())
+        results = await in_one_batch(store, pool, ds, [
+            start("a-good"), start("x-contested"), start("z-good")], timers=timers)
+        await committer
+
+    good_a, contested, good_z = results
+    assert isinstance(contested, LeaseLost), contested
+    assert (contested.execution_id, contested.token) == ("x-contested",
+                                                         ds["x-contested"].lease.token)
+    assert await step_rows(pool, "x-contested") == {}
+    assert [(e["kind"], e["token"]) for e in await events_of(pool, "x-contested")] == [
+        ("fenced_write_rejected", ds["x-contested"].lease.token)]
+    for eid in ("a-good", "z-good"):
+        assert {k: r["token"] for k, r in (await step_rows(pool, eid)).items()} == {
+            "s": ds[eid].lease.token}
+
+
+async def test_the_batch_statement_tells_a_held_row_from_a_stale_token(store, pool, clock):
+    """The batch statement skips a row another transaction holds and says so
+    (`skipped`: its write is to be done again, waiting); a stale token is
+    refused at once, held row or not; nothing is written for either."""
+    a, b = await stale_and_current(store, clock, "held")
+    stale, current = await stale_and_current(store, clock, "contested")
+    ds = await claimed(store, ["fresh"])
+
+    def w(lease: Lease) -> StepWrite:
+        return StepWrite(lease, "s", "completed", '"v"', None, "f", 1, None)
+
+    async with HeldRow(pool, "held"):
+        answers = await write_steps(
+            store.pool, [w(ds["fresh"].lease), w(b.lease), w(a.lease), w(stale.lease)],
+            skip_locked=True)
+        assert [(x.fenced, x.skipped) for x in answers] == [
+            (True, False), (False, True), (False, False), (False, False)]
+        assert await step_rows(pool, "held") == {}
+        assert await step_rows(pool, "contested") == {}
+        assert list(await step_rows(pool, "fresh")) == ["s"]
+    del current
+
+
+@pytest.mark.parametrize("timers", [False, True], ids=["step", "timer"])
+async def test_any_error_of_one_writes_own_fails_only_that_write(store, pool, timers):
+    """A step key too long for the index (a program limit, not a data error)
+    fails the batch's statement: each write is then done alone, and only that
+    one gets the error it gets alone."""
+    ds = await claimed(store, [*BLOCKERS, "good-1", "bad", "good-2", "alone"])
+    # Random, so that compression cannot bring it under the index's limit.
+    huge = random.Random(18).randbytes(6000).hex()
+
+    def write(eid: str, key: str = "s") -> Coroutine[Any, Any, Any]:
+        if timers:
+            return store.steps.record_timer(ds[eid].lease, key, delay_seconds=30)
+        return store.steps.write_step(ds[eid].lease, key, value=eid)
+
+    async with store.transaction() as tx:
+        with pytest.raises(asyncpg.ProgramLimitExceededError) as alone:
+            await (tx.steps.record_timer(ds["alone"].lease, huge, delay_seconds=30) if timers
+                   else tx.steps.write_step(ds["alone"].lease, huge, value="alone"))
+    results = await in_one_batch(store, pool, ds, [
+        lambda: write("good-1"), lambda: write("bad", huge), lambda: write("good-2")],
+        timers=timers)
+
+    good_1, bad, good_2 = results
+    assert type(bad) is type(alone.value), bad
+    for eid, answer in (("good-1", good_1), ("good-2", good_2)):
+        assert not isinstance(answer, BaseException), (eid, answer)
+        assert {k: r["token"] for k, r in (await step_rows(pool, eid)).items()} == {
+            "s": ds[eid].lease.token}
+    assert await step_rows(pool, "bad") == {}
+
+
+async def test_the_waiting_statement_checks_the_token_again_after_the_wait(store, pool):
+    """The statement a skipped write is done again by waits for the held
+    row, then checks the token on the row's latest version: a claim that
+    moved the token while it waited refuses that write, and the others of
+    the same statement commit."""
+    ds = await claimed(store, ["a-good", "x-contested", "z-good"])
+
+    def w(eid: str) -> StepWrite:
+        return StepWrite(ds[eid].lease, "s", "completed", '"v"', None, "f", 1, None)
+
+    thief = HeldRow(pool, "x-contested", "token = token + 1, lease_owner = 'thief'")
+    async with thief:
+        task = asyncio.create_task(
+            write_steps(store.pool, [w("a-good"), w("x-contested"), w("z-good")]))
+        await until_waiting(pool, 1, "row", what="the statement", query="execution_steps",
+                            also=task.done)
+        assert not task.done(), "the statement waits for the held row"
+        await thief.release()
+        answers = await task
+    assert [(a.fenced, a.skipped) for a in answers] == [(True, False), (False, False),
+                                                       (True, False)]
+    assert [(r["execution_id"], r["token"]) for r in await pool.fetch(
+        "SELECT execution_id, token FROM execution_steps ORDER BY 1")] == [
+        ("a-good", ds["a-good"].lease.token), ("z-good", ds["z-good"].lease.token)]
+
+
+async def test_a_held_deliverys_writes_in_one_batch_keep_their_order(store, pool):
+    """Concurrent writes of one delivery in one batch while its execution
+    row is held elsewhere: all of them wait for the row together, then are
+    recorded in the order they were submitted; a key given twice keeps its
+    first write's value, and both writers get that record."""
+    ds = await claimed(store, [*BLOCKERS, "branches"])
+    lease = ds["branches"].lease
+    keys = ["zeta", "alpha", "mu", "alpha", "beta"]
+
+    async with HeldRow(pool, "branches") as row:
+        async def release_when_waited_for() -> None:
+            await until_waiting(pool, 1, "row", what="the delivery's writes",
+                                query="execution_steps")
+            await row.release()
+
+        releaser = asyncio.create_task(release_when_waited_for())
+        results = await in_one_batch(store, pool, ds, [
+            (lambda k=k, i=i: store.steps.write_step(lease, k, value=i))
+            for i, k in enumerate(keys)])
+        await releaser
+
+    assert [(r.step_key, r.value, r.token) for r in results] == [
+        ("zeta", 0, lease.token), ("alpha", 1, lease.token), ("mu", 2, lease.token),
+        ("alpha", 1, lease.token), ("beta", 4, lease.token)]
+    assert [e["detail"]["stepKey"] for e in await events_of(pool, "branches")] == [
+        "zeta", "alpha", "mu", "beta"]
