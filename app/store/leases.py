@@ -74,15 +74,17 @@ WITH i AS (
       AND i.execution_id NOT IN (SELECT execution_id FROM held_back)
 ), locked AS MATERIALIZED (
     -- Every row this statement may write (the acknowledged ones and the
-    -- parents their ends wake), taken in one pass in execution_id order.
+    -- parents their ends wake), in execution_id order: in a batch, locked
+    -- here in this one pass (SKIP LOCKED), before any of them is written.
     SELECT x.execution_id, x.parent_execution_id FROM executions x
     WHERE x.execution_id IN (SELECT execution_id FROM wanted)
     ORDER BY x.execution_id
     {lock}
 ), ready AS (
     -- Written here: the rows whose own row and parent (if it still exists)
-    -- this statement holds. The others are answered `skipped`, and sent
-    -- alone: a row another transaction holds then waits for it alone.
+    -- this statement holds. The others are answered `skipped`, nothing of
+    -- them written, and sent alone: a row another transaction holds then
+    -- waits for it alone.
     SELECT i.* FROM i JOIN locked l ON l.execution_id = i.execution_id
     WHERE i.execution_id NOT IN (SELECT execution_id FROM held_back)
       AND (l.parent_execution_id IS NULL
@@ -136,17 +138,20 @@ WITH i AS (
     SELECT execution_id, status, token, NULL FROM a
     WHERE status IN ('cancelled', 'timed_out')
 )
-SELECT n, false AS alone, status, outcome, workflow_id, age,
+SELECT n, false AS held_back, false AS skipped, status, outcome, workflow_id, age,
        CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
             THEN pg_notify('{channel}', '') END,
        {ended_notice}
 FROM a
 UNION ALL
--- Held back, or its row or parent held by another transaction: sent alone.
-SELECT n, true, NULL, NULL, NULL, NULL, NULL, NULL FROM i
+SELECT n, true, false, NULL, NULL, NULL, NULL, NULL, NULL FROM i
 WHERE execution_id IN (SELECT execution_id FROM held_back)
-   OR (n NOT IN (SELECT n FROM ready)
-       AND EXISTS (SELECT 1 FROM executions x WHERE x.execution_id = i.execution_id))
+UNION ALL
+-- Its row or parent held by another transaction: nothing of it written.
+SELECT n, false, true, NULL, NULL, NULL, NULL, NULL, NULL FROM i
+WHERE execution_id NOT IN (SELECT execution_id FROM held_back)
+  AND n NOT IN (SELECT n FROM ready)
+  AND EXISTS (SELECT 1 FROM executions x WHERE x.execution_id = i.execution_id)
 """
 
 
@@ -747,7 +752,7 @@ class Leases(StoreObject):
         ended: list[str] = []
         for row in rows:
             index = first[batch[row["n"] - 1].lease.execution_id]
-            if row["alone"]:
+            if row["held_back"] or row["skipped"]:
                 later.append(index)
                 continue
             ended.append(row["status"])
