@@ -126,8 +126,8 @@ class TimerWrite:
 
 @dataclass(frozen=True)
 class TimerWritten:
-    """The fence's answer to one TimerWrite: `fenced` False, nothing written;
-    else the recorded wake time (None: recorded after the statement's
+    """The fence's answer to one TimerWrite: `fenced` False, nothing written
+    (`skipped` as for StepWritten); else the recorded wake time (None: recorded after the statement's
     snapshot, to be read), the database's now and the interrupt."""
 
     fenced: bool
@@ -151,7 +151,9 @@ class TimerWritten:
 # {skip}: in a batch, SKIP LOCKED: a row another transaction holds (an
 # operator's cancel, a bulk update, a renewal, a claim) must not hold back
 # every other write of the batch. Such a row is not locked, so none of its
-# writes is fenced or written; `skipped` says so (its token and status still
+# writes is fenced or written (each row is locked once: all writes of one
+# execution are fenced together or skipped together, so their order and a
+# repeated key's first write are kept); `skipped` says so (its token and status still
 # matched in the statement's snapshot: not a refusal), and each is written
 # again by this statement without SKIP LOCKED, which waits for the row as a
 # single write always did and checks the token again. Without SKIP LOCKED,
