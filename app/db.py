@@ -41,7 +41,7 @@ def _exponent_float(value: Any) -> float | None:
     return None
 
 
-def _encode_json(value: Any) -> str:
+def encode_json(value: Any) -> str:
     """JSON for jsonb, refusing what would not come back exactly: NaN and
     Infinity (allow_nan=False), lone surrogates (ensure_ascii=False leaves them
     raw, and they cannot be encoded as UTF-8), large floats written with an
@@ -59,7 +59,7 @@ def _encode_json(value: Any) -> str:
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb travels as text; decoding here keeps every caller on plain Python values.
-    await conn.set_type_codec("jsonb", encoder=_encode_json, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=encode_json, decoder=json.loads, schema="pg_catalog")
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -76,7 +76,7 @@ class GroupCommit(Generic[Req, Ans]):
             except Exception as exc:  # every request's answer: nothing committed
                 for _, future in batch:
                     if not future.done():
-                        future.set_exception(_own_copy(exc))
+                        future.set_exception(own_copy(exc))
                 return
             if len(answers) != len(batch):  # a defect in flush: say so to every caller
                 mismatch = RuntimeError(
@@ -94,7 +94,7 @@ class GroupCommit(Generic[Req, Ans]):
             self._start()
 
 
-def _own_copy(exc: Exception) -> Exception:
+def own_copy(exc: Exception) -> Exception:
     """One caller's copy of an error every caller of a batch receives: raised
     in several tasks, one shared object would carry each caller's traceback
     and context into the others'. Type, args and attributes (a SQLSTATE) stay."""

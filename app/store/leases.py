@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 import asyncpg
 
-from app.db import _encode_json as encode_json
+from app.db import encode_json
 from app.dberrors import is_infrastructure
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -13,10 +12,10 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import asyncpg
 
-from app.db import _encode_json as encode_json
+from app.db import encode_json
 from app.dberrors import is_infrastructure
 from app.store.fencing import INTERRUPT_SQL, rejected
-from app.store.group_commit import GroupCommit
+from app.store.group_commit import GroupCommit, own_copy
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.retry import RetryingPool
 from app.store.types import (
@@ -395,15 +394,6 @@ async def batch_or_each_alone(
     return answers
 
 
-def _own_copy(exc: Exception) -> Exception:
-    """Each caller's own copy of an error several receive (one object raised
-    in several tasks would carry one caller's traceback into the others')."""
-    try:
-        return copy.copy(exc)
-    except Exception:  # cannot be copied: shared as it is
-        return exc
-
-
 async def _write_held(write: Callable[[Sequence[Write]], Awaitable[list[Written]]],
                       items: list[Write], answers: list[asyncio.Future[Written]]) -> None:
     """The writes of ONE execution that a batch skipped, written again in one
@@ -416,7 +406,7 @@ async def _write_held(write: Callable[[Sequence[Write]], Awaitable[list[Written]
             future.cancel()
         raise
     except Exception as exc:  # every one's: nothing of them committed
-        written = [_own_copy(exc) for _ in items]
+        written = [own_copy(exc) for _ in items]
     for future, answer in zip(answers, written, strict=True):
         if future.done():
             continue  # its caller stopped waiting; its row's fate is the statement's
