@@ -5,8 +5,8 @@
 #   docs/performance/profile.sh [OUT_DIR]        (default: ./profiles)
 #
 # Needs py-spy in the same environment as fencepost (`pip install py-spy`) and psql.
-# Environment: EXECUTIONS (default 4000), SECONDS_EACH (default 15),
-# RATE (samples/s, default 100), FENCEPOST (default: fencepost on PATH),
+# Environment: EXECUTIONS (default 12000, so that the end-to-end phase covers
+# the sampling window), SECONDS_EACH (default 15), RATE (samples/s, default 100), FENCEPOST (default: fencepost on PATH),
 # PYSPY_FLAGS (default --nonblocking; "--native" pauses the process at each
 # sample but names the C/Cython frames: uvloop, asyncpg's protocol).
 # Both processes are sampled at the same time for SECONDS_EACH. py-spy drops
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 out=${1:-profiles}
-executions=${EXECUTIONS:-4000}
+executions=${EXECUTIONS:-12000}
 seconds=${SECONDS_EACH:-15}
 rate=${RATE:-100}
 flags=${PYSPY_FLAGS:---nonblocking}
