@@ -162,13 +162,16 @@ def _acknowledge_sql(lock: str) -> str:
         channel=NOTIFY_CHANNEL, ended_notice=ENDED_NOTICE.format(ended="a"))
 
 
-# A batch waits for no lock: one row another transaction holds (an operator's
-# cancel of a tree, a bulk update) must not stall the rest of the batch, and
-# two batches each holding what the other wants would deadlock. FOR NO KEY
-# UPDATE, as the UPDATE itself locks: event inserts (foreign key checks) are
-# not blocked by it.
+# Inside the group commit a statement waits for no lock, even for one
+# acknowledgement: one row another transaction holds (an operator's cancel of
+# a tree, a bulk update) must not stall the rest of its batch, nor hold one of
+# the group's few flushes in flight while every other acknowledgement queues
+# behind it; and two batches each holding what the other wants would
+# deadlock. FOR NO KEY UPDATE, as the UPDATE itself locks: event inserts
+# (foreign key checks) are not blocked by it.
 _ACKNOWLEDGE_BATCH = _acknowledge_sql("FOR NO KEY UPDATE OF x SKIP LOCKED")
-# Alone: the rows are locked as the UPDATE and the parent wake reach them,
+# Alone, outside the group commit (a caller's transaction, or one a batch sent
+# back): the rows are locked as the UPDATE and the parent wake reach them,
 # waiting for another transaction's lock as any single write does.
 _ACKNOWLEDGE_ALONE = _acknowledge_sql("")
 
@@ -695,7 +698,9 @@ class Leases(StoreObject):
         return answer
 
     async def _acknowledge_alone(self, ack: _Ack) -> Acknowledged:
-        [answer] = await self._acknowledge_batch([ack])
+        """One acknowledgement, outside the group commit: it may wait for a
+        row another transaction holds, and is never sent back."""
+        [answer] = await self._acknowledge_batch([ack], in_group=False)
         if isinstance(answer, BaseException):
             raise answer
         if isinstance(answer, _SendAlone):  # pragma: no cover - a lone one is never sent back
@@ -705,22 +710,26 @@ class Leases(StoreObject):
     async def _flush_acknowledgements(
             self, acks: list[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
         """One batch of the group commit (see _acknowledge_batch)."""
-        return await self._acknowledge_batch(acks)
+        return await self._acknowledge_batch(acks, in_group=True)
 
     async def _acknowledge_batch(
-            self, acks: Sequence[_Ack]) -> list[Acknowledged | _SendAlone | BaseException]:
+            self, acks: Sequence[_Ack], *, in_group: bool,
+    ) -> list[Acknowledged | _SendAlone | BaseException]:
         """`acks` in one statement, one answer per ack in order: Acknowledged,
         LeaseLost (recorded as a fenced write rejected), or SEND_ALONE for one
         to be sent alone after this statement committed: a second
         acknowledgement of the same execution, the parent of another one in
-        the batch, and one whose row or parent another transaction held. A
-        batch of one is sent as a lone acknowledgement (it may wait for a
-        lock, and is never sent back).
+        the batch, and one whose row or parent another transaction held.
+        `in_group` (a flush of the group commit, even of one acknowledgement):
+        the statement waits for no lock. Otherwise (`acks` is one, sent alone
+        outside the group): it waits for another transaction's lock, and is
+        never sent back.
 
-        An error of a batch's statement that is not the database failing (a
-        value of one acknowledgement that cannot be stored, a constraint one
-        row breaks) means nothing of it was written: then every one is sent
-        alone, so that the error is only its own acknowledgement's answer."""
+        In the group, an error of the statement that is not the database
+        failing (a value of one acknowledgement that cannot be stored, a
+        constraint one row breaks) means nothing of it was written: then
+        every one is sent alone, so that the error is only its own
+        acknowledgement's answer."""
         first: dict[str, int] = {}
         batch: list[_Ack] = []
         later: list[int] = []
@@ -732,7 +741,7 @@ class Leases(StoreObject):
                 batch.append(ack)
         try:
             rows = await self.db.fetch(
-                _ACKNOWLEDGE_BATCH if len(batch) > 1 else _ACKNOWLEDGE_ALONE,
+                _ACKNOWLEDGE_BATCH if in_group else _ACKNOWLEDGE_ALONE,
                 [a.lease.execution_id for a in batch],
                 [a.lease.token for a in batch],
                 [a.status for a in batch],
@@ -741,7 +750,7 @@ class Leases(StoreObject):
                 [a.waiting_on for a in batch],
             )
         except Exception as exc:
-            if len(acks) > 1 and not is_infrastructure(exc):
+            if in_group and not is_infrastructure(exc):
                 self.sent_alone += len(acks)
                 return [SEND_ALONE] * len(acks)
             if isinstance(exc, _UNSTORABLE):

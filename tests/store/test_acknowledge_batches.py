@@ -4,9 +4,10 @@ On the pool, acknowledgements that arrive while earlier ones are in flight
 go together in one statement (`store.leases.acknowledgements`, a
 GroupCommit). Every row keeps its own fence and its own outcome rules, and
 each caller gets its own answer. Batches are formed deterministically: the
-first two acknowledgements (as many as GroupCommit keeps in flight) wait on
-a row lock another transaction holds, every acknowledgement sent meanwhile
-waits for the next statement, and the lock is then released.
+first two acknowledgements (as many as GroupCommit keeps in flight) are held
+mid-statement by a StatementGate (at their 'acknowledged' event, their rows
+locked), every acknowledgement sent meanwhile waits for the next statement,
+and the gate is then opened.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from app.store import Acknowledged, Delivery, ExecutionStore, InvalidEvent, Leas
 from app.store.leases import SEND_ALONE, _Ack
 from tests.support.admission import admitting
 from tests.support.claims import claim, claim_one
+from tests.support.races import StatementGate
 from tests.support.waiting import wait_until
 
 WORKFLOW = "ack-batch"
@@ -39,33 +41,36 @@ async def held(store: ExecutionStore, n: int, prefix: str) -> dict[str, Delivery
     return claimed
 
 
+def acknowledging(pool: asyncpg.Pool, blockers: list[Delivery]) -> StatementGate:
+    """A gate that holds the statements acknowledging `blockers` mid-flight,
+    at their 'acknowledged' event (their execution rows locked)."""
+    ids = ", ".join(f"'{d.lease.execution_id}'" for d in blockers)
+    return StatementGate(pool, "execution_events",
+                         f"NEW.kind = 'acknowledged' AND NEW.execution_id IN ({ids})")
+
+
 async def in_one_batch(store: ExecutionStore, pool: asyncpg.Pool, blockers: list[Delivery],
                        sends: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
-    """Acknowledge `blockers` (completed) while another transaction holds
-    their rows, so that both flushes GroupCommit keeps in flight wait; run
-    `sends` meanwhile (all waiting for the next statement); release the lock.
-    Returns the answers of `sends` (an exception is an answer), after
-    checking that they went in one statement together."""
+    """Acknowledge `blockers` (completed), each held mid-statement by a gate,
+    so that both flushes GroupCommit keeps in flight wait; run `sends`
+    meanwhile (all waiting for the next statement); open the gate. Returns
+    the answers of `sends` (an exception is an answer), after checking that
+    they went in one statement together."""
     group = store.leases.acknowledgements
     assert group is not None  # the store is on the pool
     assert len(blockers) == 2
     before = (group.batches, group.requests)
-    async with pool.acquire() as conn:
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            await conn.execute("SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) "
-                               "FOR UPDATE", [d.lease.execution_id for d in blockers])
-            first = [asyncio.ensure_future(store.leases.acknowledge(d.lease, "completed"))
-                     for d in blockers]
-            await wait_until(lambda: group.batches == before[0] + 2, timeout=10,
-                             what="both blockers' statements in flight")
-            rest = [asyncio.ensure_future(send()) for send in sends]
-            for _ in range(5):
-                await asyncio.sleep(0)  # each has submitted its request
-            assert group.batches == before[0] + 2  # nothing more sent while both wait
-        finally:
-            await tx.rollback()
+    async with acknowledging(pool, blockers) as gate:
+        first = [asyncio.ensure_future(store.leases.acknowledge(d.lease, "completed"))
+                 for d in blockers]
+        await gate.until_held(2)
+        await wait_until(lambda: group.batches == before[0] + 2, timeout=10,
+                         what="both blockers' statements in flight")
+        rest = [asyncio.ensure_future(send()) for send in sends]
+        for _ in range(5):
+            await asyncio.sleep(0)  # each has submitted its request
+        assert group.batches == before[0] + 2  # nothing more sent while both wait
+        await gate.open()
         answers = await asyncio.gather(*rest, return_exceptions=True)
         assert all(isinstance(a, Acknowledged) for a in await asyncio.gather(*first))
     # Two lone statements, then one with every request sent meanwhile.
@@ -205,6 +210,39 @@ async def test_a_lone_acknowledgement_is_a_batch_of_one(store, pool, in_transact
     assert again == got
 
 
+async def test_lone_acknowledgements_of_held_rows_do_not_stall_an_unrelated_one(store, pool):
+    # An idle worker flushes each acknowledgement alone. Two of them meeting
+    # rows another transaction holds must not occupy both flushes the group
+    # keeps in flight: they wait for their rows outside it, so stall-2 (a row
+    # nobody holds) is answered while stall-0 and stall-1 are still held.
+    claimed = await held(store, 3, "stall")
+    group = store.leases.acknowledgements
+    assert group is not None
+    before = (group.batches, store.leases.sent_alone)
+    async with row_locks(pool, ["stall-0", "stall-1"]):
+        blocked = [asyncio.ensure_future(store.leases.acknowledge(claimed[e].lease, "completed"))
+                   for e in ("stall-0", "stall-1")]
+        await wait_until(lambda: group.batches == before[0] + 2, timeout=10,
+                         what="both held rows' acknowledgements flushed")
+        free = store.leases.acknowledge(claimed["stall-2"].lease, "completed")
+        try:
+            # Liveness, not speed: statement_timeout is 10 s.
+            got = await asyncio.wait_for(free, 5)
+        except TimeoutError:
+            raise AssertionError(
+                "stall-2 (a row nobody holds) not acknowledged in 5 s: "
+                f"batches={group.batches - before[0]}, in flight={group._in_flight}") from None
+        assert got == Acknowledged("completed", {"result": None})
+        # The held rows' acknowledgements were sent back, and wait alone.
+        assert store.leases.sent_alone - before[1] == 2
+        assert not any(b.done() for b in blocked)
+        for eid in ("stall-0", "stall-1"):
+            assert await pool.fetchval("SELECT status FROM executions WHERE execution_id = $1",
+                                       eid) == "running"
+    assert await asyncio.gather(*blocked) == [Acknowledged("completed", {"result": None})] * 2
+    assert group.batches - before[0] == 3
+
+
 LOCK = "SELECT 1 FROM executions WHERE execution_id = ANY($1::text[]) FOR UPDATE"
 # Another worker's claim taking the executions over (their leases expired).
 TAKEOVER = ("UPDATE executions SET token = token + 1, lease_owner = 'worker-B' "
@@ -248,23 +286,18 @@ async def batch_while_held(store: ExecutionStore, pool: asyncpg.Pool,
     assert group is not None
     before = group.batches
     async with row_locks(pool, held, TAKEOVER if takeover else LOCK, commit=takeover):
-        async with pool.acquire() as conn:
-            tx = conn.transaction()
-            await tx.start()
-            try:
-                await conn.execute("SELECT 1 FROM executions WHERE execution_id = ANY($1::text[])"
-                                   " FOR UPDATE", [d.lease.execution_id for d in blockers])
-                first = [asyncio.ensure_future(store.leases.acknowledge(d.lease, "completed"))
-                         for d in blockers]
-                await wait_until(lambda: group.batches == before + 2, timeout=10,
-                                 what="both blockers' statements in flight")
-                sent = {d.lease.execution_id: asyncio.ensure_future(store.leases.acknowledge(
-                    d.lease, "completed", result=d.lease.execution_id)) for d in acks}
-                for _ in range(5):
-                    await asyncio.sleep(0)
-                assert group.batches == before + 2
-            finally:
-                await tx.rollback()
+        async with acknowledging(pool, blockers) as gate:
+            first = [asyncio.ensure_future(store.leases.acknowledge(d.lease, "completed"))
+                     for d in blockers]
+            await gate.until_held(2)
+            await wait_until(lambda: group.batches == before + 2, timeout=10,
+                             what="both blockers' statements in flight")
+            sent = {d.lease.execution_id: asyncio.ensure_future(store.leases.acknowledge(
+                d.lease, "completed", result=d.lease.execution_id)) for d in acks}
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert group.batches == before + 2
+            await gate.open()
             assert all(isinstance(a, Acknowledged) for a in await asyncio.gather(*first))
         free = [eid for eid in sent if eid not in stalled]
         # Liveness, not speed: the rows nobody else holds are answered while
