@@ -370,6 +370,46 @@ class Later(Generic[Written]):
     answer: asyncio.Future[Written]
 
 
+@dataclass(frozen=True)
+class Submitted(Generic[Write, Written]):
+    """A write as its caller submits it to a group commit, with the future
+    its Later answer goes to: the caller's own, so that it is cancelled when
+    the caller stops waiting, even before its batch answered."""
+
+    write: Write
+    answer: asyncio.Future[Written]
+
+    @property
+    def lease(self) -> Lease:
+        return self.write.lease
+
+
+async def _submit(commit: GroupCommit[Submitted[Write, Written], Written | Later[Written]],
+                  write: Write) -> Written:
+    """`write`'s answer from its group commit, now or Later."""
+    answer: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+    try:
+        batched = await commit.submit(Submitted(write, answer))
+        return await batched.answer if isinstance(batched, Later) else batched
+    finally:
+        # Answered: nothing to do. Cancelled (the delivery stopped): its
+        # held write, if any, is not written for it any more.
+        answer.cancel()
+
+
+def _cancel_when_no_caller_waits(task: asyncio.Task[None],
+                                 answers: list[asyncio.Future[Written]],
+                                 _: object = None) -> None:
+    """A held write whose callers all stopped waiting is cancelled: its
+    statement, waiting for the row, is cancelled by the server and rolls
+    back (its writes commit with their tokens or not at all), and its
+    connection goes back to the pool at once instead of waiting for the
+    row's holder. The task sets its answers and ends in one step, so when
+    every answer is done and the task is not, only callers have left."""
+    if not task.done() and all(f.done() for f in answers):
+        task.cancel()
+
+
 async def batch_or_each_alone(
         write: Callable[[Sequence[Item]], Awaitable[list[Answer]]],
         items: list[Item]) -> list[Answer | BaseException]:
@@ -423,53 +463,72 @@ class Steps(StoreObject):
         # deliveries) go in one statement per batch of each kind; in a
         # caller's transaction each is its own statement, so that it joins
         # the transaction.
-        self.step_writes: GroupCommit[StepWrite, StepWritten | Later[StepWritten]] | None = None
-        self.timer_writes: GroupCommit[TimerWrite, TimerWritten | Later[TimerWritten]] | None = None
+        self.step_writes: GroupCommit[Submitted[StepWrite, StepWritten],
+                                      StepWritten | Later[StepWritten]] | None = None
+        self.timer_writes: GroupCommit[Submitted[TimerWrite, TimerWritten],
+                                       TimerWritten | Later[TimerWritten]] | None = None
         # Writes skipped by a batch, being written again (held here: the
-        # loop keeps only a weak reference to a task).
+        # loop keeps only a weak reference to a task). Each is cancelled
+        # when all its callers stopped waiting, or by cancel_held_writes.
         self.held_writes: set[asyncio.Task[None]] = set()
         if isinstance(db, RetryingPool):
             self.step_writes = GroupCommit(self.flush_step_writes)
             self.timer_writes = GroupCommit(self.flush_timers)
 
     async def flush_step_writes(
-            self, writes: list[StepWrite]) -> list[StepWritten | Later[StepWritten] | BaseException]:
+            self, submitted: list[Submitted[StepWrite, StepWritten]],
+    ) -> list[StepWritten | Later[StepWritten] | BaseException]:
         """One batch of step writes (the group commit's flush)."""
         answers = await batch_or_each_alone(
-            partial(write_steps, self.db, skip_locked=True), writes)
-        return self.later_if_skipped(partial(write_steps, self.db), writes, answers)
+            partial(write_steps, self.db, skip_locked=True), [s.write for s in submitted])
+        return self.later_if_skipped(partial(write_steps, self.db), submitted, answers)
 
     async def flush_timers(
-            self, timers: list[TimerWrite]) -> list[TimerWritten | Later[TimerWritten] | BaseException]:
+            self, submitted: list[Submitted[TimerWrite, TimerWritten]],
+    ) -> list[TimerWritten | Later[TimerWritten] | BaseException]:
         """One batch of timers (the group commit's flush)."""
         answers = await batch_or_each_alone(
-            partial(record_timers, self.db, skip_locked=True), timers)
-        return self.later_if_skipped(partial(record_timers, self.db), timers, answers)
+            partial(record_timers, self.db, skip_locked=True), [s.write for s in submitted])
+        return self.later_if_skipped(partial(record_timers, self.db), submitted, answers)
 
     def later_if_skipped(
             self, write: Callable[[Sequence[Write]], Awaitable[list[Written]]],
-            items: Sequence[Write], answers: list[Written | BaseException],
+            submitted: Sequence[Submitted[Write, Written]],
+            answers: list[Written | BaseException],
     ) -> list[Written | Later[Written] | BaseException]:
         """A batch's answers, each write its batch skipped (its execution row
         was held) answered Later: written again at once, alone with the other
         skipped writes of its execution, by `write`, which waits for the row.
-        The batch's other answers go back now, not after that wait."""
+        The batch's other answers go back now, not after that wait. That
+        statement is cancelled once none of its callers waits any more."""
         loop = asyncio.get_running_loop()
-        held: defaultdict[str, list[tuple[Write, asyncio.Future[Written]]]] = defaultdict(list)
+        held: defaultdict[str, list[Submitted[Write, Written]]] = defaultdict(list)
         out: list[Written | Later[Written] | BaseException] = []
-        for item, answer in zip(items, answers, strict=True):
+        for item, answer in zip(submitted, answers, strict=True):
             if isinstance(answer, BaseException) or not answer.skipped:
                 out.append(answer)
                 continue
-            future: asyncio.Future[Written] = loop.create_future()
-            held[item.lease.execution_id].append((item, future))
-            out.append(Later(future))
-        for writes in held.values():
-            task = loop.create_task(_write_held(
-                write, [i for i, _ in writes], [f for _, f in writes]))
+            held[item.lease.execution_id].append(item)
+            out.append(Later(item.answer))
+        for items in held.values():
+            futures = [i.answer for i in items]
+            task = loop.create_task(_write_held(write, [i.write for i in items], futures))
             self.held_writes.add(task)
             task.add_done_callback(self.held_writes.discard)
+            stop = partial(_cancel_when_no_caller_waits, task, futures)
+            for future in futures:  # a caller already gone: called at once
+                future.add_done_callback(stop)
         return out
+
+    async def cancel_held_writes(self) -> None:
+        """Cancel every write still waiting for a held row, and wait until
+        they ended (a worker stopping: none of its deliveries waits any
+        more). Each statement rolls back and its connection goes back to
+        the pool, so closing the pool does not wait for the row's holder."""
+        tasks = list(self.held_writes)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def write_step(
         self,
@@ -504,8 +563,7 @@ class Steps(StoreObject):
             if self.step_writes is None:
                 [written] = await write_steps(self.db, [write])
             else:
-                batched = await self.step_writes.submit(write)
-                written = await batched.answer if isinstance(batched, Later) else batched
+                written = await _submit(self.step_writes, write)
         except _UNSTORABLE as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
         if not written.fenced:
@@ -577,8 +635,7 @@ class Steps(StoreObject):
         if self.timer_writes is None:
             [written] = await record_timers(self.db, [timer])
         else:
-            batched = await self.timer_writes.submit(timer)
-            written = await batched.answer if isinstance(batched, Later) else batched
+            written = await _submit(self.timer_writes, timer)
         if not written.fenced:
             raise await rejected(self.db, lease, step_key)
         wake_at = written.wake_at

@@ -586,3 +586,91 @@ async def test_a_held_deliverys_writes_in_one_batch_keep_their_order(store, pool
         ("alpha", 1, lease.token), ("beta", 4, lease.token)]
     assert [e["detail"]["stepKey"] for e in await events_of(pool, "branches")] == [
         "zeta", "alpha", "mu", "beta"]
+
+
+@pytest.mark.parametrize("timers", [False, True], ids=["step", "timer"])
+@pytest.mark.parametrize("stopped", ["waiting-for-the-row", "before-its-batch-answered"])
+async def test_a_held_write_whose_caller_stopped_waiting_is_cancelled_with_it(
+        store, pool, open_pool, store_settings, timers, stopped):
+    """A delivery stops (lease lost, forced stop, shutdown) while its write
+    waits for an execution row another transaction holds: the statement
+    waiting for the row is cancelled with its caller. Nothing of it commits
+    after the caller is gone (a cancelled statement rolls back), and its
+    connection goes back to the pool at once: a worker's pool closes without
+    waiting for the holder. Both moments a caller can stop are forced: while
+    the write waits for the row, and while its batch (which skipped it) has
+    not answered yet (the batch's answers are held back until the caller
+    was cancelled)."""
+    ds = await claimed(store, ["gone"])
+    lease = ds["gone"].lease
+    own = await open_pool(max_size=4)
+    steps = ExecutionStore.from_settings(own, store_settings).steps  # a worker's own pool
+    cancelled = asyncio.Event()
+    if stopped == "before-its-batch-answered":
+        flush = steps.flush_timers if timers else steps.flush_step_writes
+
+        async def answered_after_the_cancel(writes: list[Any]) -> Any:
+            answers = await flush(writes)
+            await cancelled.wait()
+            return answers
+
+        if timers:
+            steps.timer_writes = GroupCommit(answered_after_the_cancel)
+        else:
+            steps.step_writes = GroupCommit(answered_after_the_cancel)
+
+    async with HeldRow(pool, "gone"):
+        write = asyncio.ensure_future(
+            steps.record_timer(lease, "k", delay_seconds=30) if timers
+            else steps.write_step(lease, "k", value=1))
+        await wait_until(lambda: len(steps.held_writes) == 1, what="the write held back")
+        await until_waiting(pool, 1, "row", what="the held write", query="execution_steps")
+        write.cancel()
+        cancelled.set()
+        await asyncio.gather(write, return_exceptions=True)
+        assert write.cancelled()
+        await wait_until(lambda: not steps.held_writes, timeout=5,
+                         what="the held write cancelled with its caller")
+        closing = asyncio.ensure_future(own.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)
+        assert done, "the pool closes while the row is still held: no statement keeps a connection"
+    await closing
+    assert await step_rows(pool, "gone") == {}, "nothing committed after the caller was gone"
+    assert await events_of(pool, "gone") == []
+
+
+async def test_a_held_write_goes_on_while_one_of_its_callers_still_waits(store, pool):
+    """Two writes of one delivery, skipped by their batch and waiting for the
+    held row in one statement: one caller stops, the other still waits, so
+    the statement goes on; once the row is released both commit together
+    (a sent write commits or not with the rest of its statement), and the
+    caller still waiting gets its answer."""
+    ds = await claimed(store, [*BLOCKERS, "pair"])
+    lease = ds["pair"].lease
+    stopping: list[asyncio.Task[Any]] = []
+
+    async def stops() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        stopping.append(task)
+        return await store.steps.write_step(lease, "stops", value=0)
+
+    async with HeldRow(pool, "pair") as row:
+        async def stop_one_then_release() -> None:
+            await until_waiting(pool, 1, "row", what="the delivery's writes",
+                                query="execution_steps")
+            assert len(store.steps.held_writes) == 1
+            stopping[0].cancel()
+            await asyncio.sleep(0.2)
+            assert len(store.steps.held_writes) == 1, "still written: a caller waits for it"
+            await row.release()
+
+        releaser = asyncio.create_task(stop_one_then_release())
+        results = await in_one_batch(store, pool, ds, [
+            stops, lambda: store.steps.write_step(lease, "waits", value=1)])
+        await releaser
+
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert (results[1].step_key, results[1].value, results[1].token) == ("waits", 1, lease.token)
+    assert {k: r["token"] for k, r in (await step_rows(pool, "pair")).items()} == {
+        "stops": lease.token, "waits": lease.token}
