@@ -302,6 +302,11 @@ class Worker:
         finally:
             if control_pool is not None:
                 await control_pool.close()
+            if self.store is not None:
+                # A write still waiting for a row another transaction holds
+                # keeps a connection: cancelled (rolled back) before closing,
+                # or closing would wait for that holder.
+                await self.store.steps.cancel_held_writes()
             await pool.close()
 
     async def _register(self) -> None:
