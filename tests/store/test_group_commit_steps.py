@@ -674,3 +674,25 @@ async def test_a_held_write_goes_on_while_one_of_its_callers_still_waits(store, 
     assert (results[1].step_key, results[1].value, results[1].token) == ("waits", 1, lease.token)
     assert {k: r["token"] for k, r in (await step_rows(pool, "pair")).items()} == {
         "stops": lease.token, "waits": lease.token}
+
+
+async def test_cancel_held_writes_ends_every_write_waiting_for_a_row(
+        store, pool, open_pool, store_settings):
+    """A stopping worker cancels the writes still waiting for a held row
+    (what its pool's close would otherwise wait for): their callers are
+    answered cancelled, nothing of them commits, and the pool closes while
+    the row is still held."""
+    ds = await claimed(store, ["stop"])
+    own = await open_pool(max_size=4)
+    steps = ExecutionStore.from_settings(own, store_settings).steps
+    async with HeldRow(pool, "stop"):
+        write = asyncio.ensure_future(steps.write_step(ds["stop"].lease, "k", value=1))
+        await wait_until(lambda: len(steps.held_writes) == 1, what="the write held back")
+        await until_waiting(pool, 1, "row", what="the held write", query="execution_steps")
+        await asyncio.wait_for(steps.cancel_held_writes(), 5)
+        assert not steps.held_writes
+        [answer] = await asyncio.gather(write, return_exceptions=True)
+        assert isinstance(answer, asyncio.CancelledError), answer
+        await asyncio.wait_for(own.close(), 5)
+    assert await step_rows(pool, "stop") == {}
+    assert await events_of(pool, "stop") == []
