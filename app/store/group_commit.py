@@ -82,16 +82,24 @@ class GroupCommit(Generic[Req, Ans]):
                 mismatch = RuntimeError(
                     f"group commit: {len(answers)} answers for {len(batch)} requests")
                 answers = [mismatch] * len(batch)
-            for (_, future), answer in zip(batch, answers, strict=True):
-                if future.done():
-                    continue  # the caller stopped waiting; its row's fate is the batch's
-                if isinstance(answer, BaseException):
-                    future.set_exception(answer)
-                else:
-                    future.set_result(answer)
+            settle([future for _, future in batch], answers)
         finally:
             self._in_flight -= 1
             self._start()
+
+
+def settle(futures: Sequence[asyncio.Future[Ans]],
+           answers: Sequence[Ans | BaseException]) -> None:
+    """Each waiting caller its own answer: a value, or an exception for it
+    alone. A caller that stopped waiting is skipped: its row's fate is the
+    statement's, and only the answer is dropped."""
+    for future, answer in zip(futures, answers, strict=True):
+        if future.done():
+            continue
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
 
 
 def own_copy(exc: Exception) -> Exception:

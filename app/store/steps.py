@@ -15,7 +15,7 @@ import asyncpg
 from app.db import encode_json
 from app.dberrors import is_infrastructure
 from app.store.fencing import INTERRUPT_SQL, rejected
-from app.store.group_commit import GroupCommit, own_copy
+from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.retry import RetryingPool
 from app.store.types import (
@@ -447,13 +447,7 @@ async def _write_held(write: Callable[[Sequence[Write]], Awaitable[list[Written]
         raise
     except Exception as exc:  # every one's: nothing of them committed
         written = [own_copy(exc) for _ in items]
-    for future, answer in zip(answers, written, strict=True):
-        if future.done():
-            continue  # its caller stopped waiting; its row's fate is the statement's
-        if isinstance(answer, BaseException):
-            future.set_exception(answer)
-        else:
-            future.set_result(answer)
+    settle(answers, written)
 
 
 class Steps(StoreObject):
