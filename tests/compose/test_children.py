@@ -269,11 +269,14 @@ async def test_a_stale_holder_racing_the_current_one_starts_exactly_one_child(
     missing): exactly one child row with that ID. Each interleaving must
     occur: B claimed before the race (A gets LeaseLost, B starts the child);
     B's claim wins the race (the same); A's start_child commits first (A
-    starts, B finds it), with B's claim either after it or skipping the
-    parent row while A's statement holds it."""
+    starts, B finds it). Within the last, B's claim may also skip the parent
+    row while A's statement holds it: how often that happens by chance depends
+    on the server's latency (0 in 450 rounds on a containerized Postgres), so
+    that case is forced by the test below ("stale-start-holds-row-claim-skips")
+    and only counted here."""
     rng = random.Random(7)
-    outcomes = Outcomes("claimed before", "claim first", "stale first, then claimed",
-                        "stale first, claim skipped")
+    outcomes = Outcomes("claimed before", "claim first", "stale first")
+    claim_skipped = 0
     for i in outcomes.rounds(RACE_ROUNDS):
         wf = f"cmp-race-parent-{i}"
         parent = await admit(store, wf, f"race-par-{i}")
@@ -315,8 +318,9 @@ async def test_a_stale_holder_racing_the_current_one_starts_exactly_one_child(
             assert outcome == "claim first", f"round {i}: a stale start after the claim"
             outcome = "claimed before"
         elif outcome == "stale first":
-            outcome += ", claim skipped" if any(skipped) else ", then claimed"
+            claim_skipped += any(skipped)
         outcomes.add(outcome, f"round {i}")
+    print(f"\nB's claim skipped the parent A's statement held: {claim_skipped} rounds")
     outcomes.assert_each("stale vs current start_child")
 
 
