@@ -12,10 +12,12 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     text,
@@ -37,10 +39,30 @@ STATUSES = ("admitted", "running", "suspended", "parked", *TERMINAL_STATUSES)
 
 NOW = text("now()")
 
+
+def bucket(primary_key: bool = False) -> Column:
+    """The routing key of a row of one execution (migration 0010): always
+    fencepost_bucket(execution_id) (the CHECK from bucket_of_execution), part
+    of the primary key, the distribution column on Citus."""
+    return Column("bucket", SmallInteger, nullable=False, primary_key=primary_key,
+                  autoincrement=False)
+
+
+def bucket_of_execution() -> CheckConstraint:
+    return CheckConstraint("bucket = fencepost_bucket(execution_id)", name="bucket_of_execution")
+
+
+def of_execution() -> ForeignKeyConstraint:
+    """A row deleted with its execution's row."""
+    return ForeignKeyConstraint(["execution_id", "bucket"],
+                                ["executions.execution_id", "executions.bucket"],
+                                ondelete="CASCADE")
+
 executions = Table(
     "executions",
     metadata,
-    Column("execution_id", Text, primary_key=True),
+    Column("execution_id", Text, nullable=False),
+    bucket(),
     Column("workflow_id", Text, nullable=False),
     # The event is stored once; every delivery reads it from here.
     Column("params", JSONB, nullable=False),
@@ -99,6 +121,8 @@ executions = Table(
     Column("queue", Text, nullable=False, server_default=text("'default'")),
     Column("concurrency_key", Text, nullable=True),
     Column("priority", Integer, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("execution_id", "bucket"),
+    bucket_of_execution(),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status_known"
     ),
@@ -204,12 +228,8 @@ Index(
 steps = Table(
     "execution_steps",
     metadata,
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("execution_id", Text, nullable=False),
+    bucket(),
     Column("step_key", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("value", JSONB, nullable=True),
@@ -222,7 +242,9 @@ steps = Table(
     # Where in the code's order of asks it was asked for (replays compare);
     # NULL: recorded before positions were, or asked from a concurrent branch.
     Column("position", Integer, nullable=True),
-    PrimaryKeyConstraint("execution_id", "step_key"),
+    PrimaryKeyConstraint("execution_id", "step_key", "bucket"),
+    of_execution(),
+    bucket_of_execution(),
     CheckConstraint("status IN ('completed', 'failed')", name="status_known"),
 )
 
@@ -231,6 +253,8 @@ events = Table(
     metadata,
     Column("event_id", BigInteger, primary_key=True, autoincrement=True),
     Column("execution_id", Text, nullable=False),
+    bucket(primary_key=True),
+    bucket_of_execution(),
     Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("kind", Text, nullable=False),
     Column("token", BigInteger, nullable=True),
@@ -243,6 +267,8 @@ late_observations = Table(
     metadata,
     Column("observation_id", BigInteger, primary_key=True, autoincrement=True),
     Column("execution_id", Text, nullable=False),
+    bucket(primary_key=True),
+    bucket_of_execution(),
     Column("step_key", Text, nullable=True),
     Column("token", BigInteger, nullable=False),
     Column("owner", Text, nullable=True),
@@ -262,6 +288,8 @@ retired_executions = Table(
     "retired_executions",
     metadata,
     Column("execution_id", Text, primary_key=True),
+    bucket(primary_key=True),
+    bucket_of_execution(),
     Column("last_token", BigInteger, nullable=False),
     Column("workflow_id", Text, nullable=True),
     Column("retired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
@@ -271,12 +299,10 @@ signals = Table(
     "signals",
     metadata,
     Column("signal_id", BigInteger, primary_key=True, autoincrement=True),
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("execution_id", Text, nullable=False),
+    bucket(primary_key=True),
+    of_execution(),
+    bucket_of_execution(),
     Column("name", Text, nullable=False),
     Column("payload", JSONB, nullable=True),
     Column("received_at", DateTime(timezone=True), nullable=False, server_default=NOW),
@@ -319,12 +345,8 @@ workers = Table(
 effects = Table(
     "effects",
     metadata,
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("execution_id", Text, nullable=False),
+    bucket(),
     Column("step_key", Text, nullable=False),
     Column("idempotency_key", Text, nullable=False),
     Column("function_name", Text, nullable=True),
@@ -335,7 +357,9 @@ effects = Table(
     Column("attempts", Integer, nullable=False, server_default=text("1")),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    PrimaryKeyConstraint("execution_id", "step_key"),
+    PrimaryKeyConstraint("execution_id", "step_key", "bucket"),
+    of_execution(),
+    bucket_of_execution(),
     CheckConstraint("status IN ('started', 'outcome_unknown', 'retry')", name="status_known"),
 )
 
@@ -423,12 +447,10 @@ attempt_history = Table(
     "attempt_history",
     metadata,
     Column("attempt_id", BigInteger, primary_key=True, autoincrement=True),
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("execution_id", Text, nullable=False),
+    bucket(primary_key=True),
+    of_execution(),
+    bucket_of_execution(),
     Column("step_key", Text, nullable=True),
     Column("attempt", Integer, nullable=False),
     Column("token", BigInteger, nullable=False),
@@ -454,12 +476,10 @@ superseded_steps = Table(
     "superseded_steps",
     metadata,
     Column("superseded_id", BigInteger, primary_key=True, autoincrement=True),
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("execution_id", Text, nullable=False),
+    bucket(primary_key=True),
+    of_execution(),
+    bucket_of_execution(),
     Column("step_key", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("value", JSONB, nullable=True),
@@ -524,13 +544,11 @@ Index(
 watched_executions = Table(
     "watched_executions",
     metadata,
-    Column(
-        "execution_id",
-        Text,
-        ForeignKey("executions.execution_id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    Column("execution_id", Text, primary_key=True),
+    bucket(primary_key=True),
     Column("since", DateTime(timezone=True), nullable=False, server_default=NOW),
+    of_execution(),
+    bucket_of_execution(),
 )
 
 # One row per maintenance role, held by one worker until expires_at (database
