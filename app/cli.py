@@ -114,6 +114,13 @@ def _configure_migrate(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="change nothing; exit 0 if the schema is at head, 1 if it needs `fencepost migrate`",
     )
+    p.add_argument(
+        "--citus",
+        action="store_true",
+        help="then distribute the tables over the database's Citus cluster (coordinator's "
+             "DATABASE_URL; the citus extension and worker nodes added first): per-execution "
+             "tables by bucket, the small shared ones as reference tables; again is harmless",
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -142,7 +149,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     current = asyncio.run(upgrade_and_read())
     print(f"schema is at revision {current} (head {head})")
-    return EXIT_OK if current == head else EXIT_FAILED
+    if current != head:
+        return EXIT_FAILED
+    if args.citus:
+        from app import citus
+
+        try:
+            changed = asyncio.run(citus.distribute(url))
+        except citus.CitusMissing as exc:
+            raise CliError(str(exc), EXIT_USAGE) from exc
+        for line in changed:
+            print(f"citus: {line}")
+        print("citus: every table distributed" + ("" if changed else " already"))
+    return EXIT_OK
 
 
 # -- dispatch table -----------------------------------------------------------
