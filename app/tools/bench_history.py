@@ -50,15 +50,20 @@ async def load_history(conn: asyncpg.Connection, templates: list[str], prefix: s
     taken in turn) under IDs `prefix`-0 .. `prefix`-(n-1), then ANALYZE, as
     autovacuum would after such a load."""
     columns = {t: await _copyable_columns(conn, t) for t in TABLES}
+    # Each copy sits in its own ID's bucket, not its template's (the CHECK
+    # bucket = fencepost_bucket(execution_id) refuses any other).
+    own = {"execution_id": "$1 || '-' || g", "bucket": "fencepost_bucket($1 || '-' || g)"}
+    template = "($4::text[])[1 + g % cardinality($4::text[])]"
     statements = {}
     for table, cols in columns.items():
         names = ", ".join(f'"{c}"' for c in cols)
-        values = ", ".join(
-            "$1 || '-' || g" if c == "execution_id" else f't."{c}"' for c in cols)
+        values = ", ".join(own.get(c, f't."{c}"') for c in cols)
         statements[table] = (
+            f"-- Citus: copies many executions, into many buckets\n"
             f"INSERT INTO {table} ({names}) SELECT {values} "
             f"FROM generate_series($2::bigint, $3::bigint) g "
-            f"JOIN {table} t ON t.execution_id = ($4::text[])[1 + g % cardinality($4::text[])]"
+            f"JOIN {table} t ON t.execution_id = {template} "
+            f"AND t.bucket = fencepost_bucket({template})"
         )
     for start in range(0, n, CHUNK):
         end = min(n, start + CHUNK) - 1

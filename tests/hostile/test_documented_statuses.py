@@ -478,23 +478,25 @@ async def test_every_documented_status_is_reachable(crafted: Crafted, pool) -> N
     mine = {**taken, "executionId": "mine"}
     assert (await c.api.post("/v1/executions", json=mine, headers=headers)).status_code == 201
     await pool.execute(
-        "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
-        "VALUES ('to-cancel', 'x', '{}', '{}', 'admitted', now()), "
-        "('to-terminate', 'x', '{}', '{}', 'admitted', now()), "
-        "('to-bulk', 'x', '{}', '{}', 'admitted', now())")
+        "INSERT INTO executions (execution_id, bucket, workflow_id, params, context, status, "
+        "due_at) "
+        "VALUES ('to-cancel', fencepost_bucket('to-cancel'), 'x', '{}', '{}', 'admitted', now()), "
+        "('to-terminate', fencepost_bucket('to-terminate'), 'x', '{}', '{}', 'admitted', now()), "
+        "('to-bulk', fencepost_bucket('to-bulk'), 'x', '{}', '{}', 'admitted', now())")
     await pool.execute(
         "INSERT INTO operations (operation_id, action, filter, created_by, status, matched) "
         "VALUES ($1, 'cancel', '{\"workflowId\": \"none\"}', 'setup', 'running', 0)",
         SEEDED_OPERATION)
     await pool.execute(
-        "INSERT INTO executions (execution_id, workflow_id, params, context, status, outcome) "
-        """VALUES ('to-redrive', 'x', '{}', '{}', 'failed', '{"error": {"name": "E"}}')""")
+        "INSERT INTO executions (execution_id, bucket, workflow_id, params, context, status, "
+        "outcome) VALUES ('to-redrive', fencepost_bucket('to-redrive'), 'x', '{}', '{}', "
+        """'failed', '{"error": {"name": "E"}}')""")
     await pool.execute(
-        "INSERT INTO executions (execution_id, workflow_id, params, context, status, due_at) "
-        "VALUES ('full', 'x', '{}', '{}', 'admitted', now())")
+        "INSERT INTO executions (execution_id, bucket, workflow_id, params, context, status, "
+        "due_at) VALUES ('full', fencepost_bucket('full'), 'x', '{}', '{}', 'admitted', now())")
     await pool.execute(
-        "INSERT INTO signals (execution_id, name, payload) "
-        "SELECT 'full', 'go', 'null' FROM generate_series(1, $1)",
+        "INSERT INTO signals (execution_id, bucket, name, payload) "
+        "SELECT 'full', fencepost_bucket('full'), 'go', 'null' FROM generate_series(1, $1)",
         Settings().max_pending_signals)
 
     produced: dict[tuple, set] = {}

@@ -221,9 +221,9 @@ async def test_what_queues_hold_is_read_through_their_indexes(pool: asyncpg.Pool
                            name, values)
     await pool.execute(
         """
-        INSERT INTO executions (execution_id, workflow_id, params, status, outcome, queue,
-                                concurrency_key, token, lease_owner, lease_expires_at)
-        SELECT 'x' || g, 'wf', '{}'::jsonb,
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, outcome,
+                                queue, concurrency_key, token, lease_owner, lease_expires_at)
+        SELECT 'x' || g, fencepost_bucket('x' || g), 'wf', '{}'::jsonb,
                CASE WHEN g % 10000 = 0 THEN 'running' ELSE 'completed' END,
                CASE WHEN g % 10000 = 0 THEN NULL ELSE '{"result": null}'::jsonb END,
                CASE WHEN g % 2 = 0 THEN 'qa' ELSE 'qb' END, 'k' || (g % 100), 1,

@@ -41,10 +41,10 @@ WORKFLOWS = ["wf-a", "wf-b"]
 # Columns every generated row sets; the rest keep their defaults. A row is
 # on queue qa (keyed, workflow wf-a) or qb (workflow wf-b) by parity.
 FILL = """
-INSERT INTO executions (execution_id, workflow_id, params, status, outcome, queue,
+INSERT INTO executions (execution_id, bucket, workflow_id, params, status, outcome, queue,
                         concurrency_key, priority, due_at, token, lease_owner,
                         lease_expires_at, ever_suspended, admitted_at, updated_at)
-SELECT $1 || g, CASE WHEN g % 2 = 0 THEN 'wf-a' ELSE 'wf-b' END, '{}'::jsonb, $2,
+SELECT $1 || g, fencepost_bucket($1 || g), CASE WHEN g % 2 = 0 THEN 'wf-a' ELSE 'wf-b' END, '{}'::jsonb, $2,
        CASE WHEN $2 = 'completed' THEN '{"result": null}'::jsonb END,
        CASE WHEN g % 2 = 0 THEN 'qa' ELSE 'qb' END,
        CASE WHEN g % 2 = 0 THEN 'customer-' || (g % 500) END,

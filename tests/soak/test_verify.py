@@ -22,8 +22,8 @@ async def _execution(conn, eid: str, status: str, n: int = 1, result_n: int | No
     elif status in ("failed", "cancelled", "timed_out"):
         outcome = {"error": {"name": "Error", "message": "x"}}
     await conn.execute(
-        "INSERT INTO executions (execution_id, workflow_id, params, status, outcome) "
-        "VALUES ($1, 'soak-steps', $2::jsonb, $3, $4::jsonb)",
+        "INSERT INTO executions (execution_id, bucket, workflow_id, params, status, outcome) "
+        "VALUES ($1, fencepost_bucket($1), 'soak-steps', $2::jsonb, $3, $4::jsonb)",
         eid, json.dumps({"n": n}), status, None if outcome is None else json.dumps(outcome))
 
 
@@ -31,8 +31,8 @@ async def _events(conn, eid: str, *events: tuple):
     """(kind, token) or (kind, token, detail) in event_id order."""
     for kind, token, *rest in events:
         await conn.execute(
-            "INSERT INTO execution_events (execution_id, kind, token, detail) "
-            "VALUES ($1, $2, $3, $4::jsonb)",
+            "INSERT INTO execution_events (execution_id, bucket, kind, token, detail) "
+            "VALUES ($1, fencepost_bucket($1), $2, $3, $4::jsonb)",
             eid, kind, token, json.dumps(rest[0]) if rest else None)
 
 
@@ -47,8 +47,8 @@ def _ack(status: str, token: int) -> tuple:
 async def _step_rows(conn, eid: str, tokens: dict[str, int]):
     for key, token in tokens.items():
         await conn.execute(
-            "INSERT INTO execution_steps (execution_id, step_key, status, value, token) "
-            "VALUES ($1, $2, 'completed', '1'::jsonb, $3)", eid, key, token)
+            "INSERT INTO execution_steps (execution_id, bucket, step_key, status, value, token) "
+            "VALUES ($1, fencepost_bucket($1), $2, 'completed', '1'::jsonb, $3)", eid, key, token)
 
 
 def _clean_history(first: int = 1, second: int = 2) -> list[tuple]:

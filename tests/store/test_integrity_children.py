@@ -140,5 +140,6 @@ async def test_the_unique_index_refuses_a_second_child_for_a_step(
     await store.compose.start_child(lease, "s", workflow_id="race-child", params={}, child_id="ui~1")
     with pytest.raises(asyncpg.UniqueViolationError):
         await pool.execute(
-            "INSERT INTO executions (execution_id, workflow_id, params, parent_execution_id, "
-            "parent_step_key) VALUES ('ui~2', 'race-child', '{}'::jsonb, 'ui', 's')")
+            "INSERT INTO executions (execution_id, bucket, workflow_id, params, "
+            "parent_execution_id, parent_step_key) "
+            "VALUES ('ui~2', fencepost_bucket('ui~2'), 'race-child', '{}'::jsonb, 'ui', 's')")

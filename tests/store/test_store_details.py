@@ -582,26 +582,29 @@ async def explain(conn, sql: str, args: tuple, generic: bool = False) -> list[di
 async def seed_large_table(pool) -> None:
     await pool.execute(
         """
-        INSERT INTO executions (execution_id, workflow_id, params, status, outcome, token, admitted_at)
-        SELECT 'done-' || g, 'w', '{}', CASE WHEN g % 3 = 0 THEN 'failed' ELSE 'completed' END,
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, outcome, token,
+                                admitted_at)
+        SELECT 'done-' || g, fencepost_bucket('done-' || g), 'w', '{}', CASE WHEN g % 3 = 0 THEN 'failed' ELSE 'completed' END,
                '{"result": 1}', 1, now() - make_interval(secs => g)
         FROM generate_series(1, 20000) g;
-        INSERT INTO executions (execution_id, workflow_id, params, status, due_at, parked_reason)
-        SELECT 'parked-' || g, 'w', '{}', 'parked', now() - interval '1 hour', 'poison'
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, due_at,
+                                parked_reason)
+        SELECT 'parked-' || g, fencepost_bucket('parked-' || g), 'w', '{}', 'parked', now() - interval '1 hour', 'poison'
         FROM generate_series(1, 200) g;
-        INSERT INTO executions (execution_id, workflow_id, params, status, due_at)
-        SELECT 'suspended-' || g, 'w', '{}', 'suspended', NULL FROM generate_series(1, 200) g;
-        INSERT INTO executions (execution_id, workflow_id, params, status, token, lease_owner,
-                                lease_expires_at)
-        SELECT 'live-' || g, 'w', '{}', 'running', 1, 'other', now() + interval '1 minute'
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, due_at)
+        SELECT 'suspended-' || g, fencepost_bucket('suspended-' || g), 'w', '{}', 'suspended',
+               NULL FROM generate_series(1, 200) g;
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, token,
+                                lease_owner, lease_expires_at)
+        SELECT 'live-' || g, fencepost_bucket('live-' || g), 'w', '{}', 'running', 1, 'other', now() + interval '1 minute'
         FROM generate_series(1, 50) g;
-        INSERT INTO executions (execution_id, workflow_id, params, status, token, lease_owner,
-                                lease_expires_at, covered_due_at)
-        SELECT 'expired-' || g, 'w', '{}', 'running', 1, 'gone', now() - interval '1 hour',
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, token,
+                                lease_owner, lease_expires_at, covered_due_at)
+        SELECT 'expired-' || g, fencepost_bucket('expired-' || g), 'w', '{}', 'running', 1, 'gone', now() - interval '1 hour',
                now() - interval '2 hours'
         FROM generate_series(1, 2) g;
-        INSERT INTO executions (execution_id, workflow_id, params, status, due_at)
-        SELECT 'due-' || g, 'w', '{}', 'admitted', now() - make_interval(secs => g)
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, due_at)
+        SELECT 'due-' || g, fencepost_bucket('due-' || g), 'w', '{}', 'admitted', now() - make_interval(secs => g)
         FROM generate_series(1, 3) g;
         ANALYZE executions;
         """

@@ -34,8 +34,9 @@ async def test_steps_are_paginated_with_a_cursor(api, tokens, store):
     eid = await execution_with(store, tokens, steps=7, late=0)
     # An effect attempt in doubt comes after the recorded steps.
     await store.pool.execute(
-        "INSERT INTO effects (execution_id, step_key, status, attempts, token, function_name, "
-        "idempotency_key) VALUES ($1, 'charge', 'outcome_unknown', 1, 2, 'charge', 'k')", eid)
+        "INSERT INTO effects (execution_id, bucket, step_key, status, attempts, token, "
+        "function_name, idempotency_key) VALUES ($1, fencepost_bucket($1), 'charge', "
+        "'outcome_unknown', 1, 2, 'charge', 'k')", eid)
     seen, cursor, pages = [], None, 0
     while True:
         params = {"limit": 3, "includeValues": "true", **({"cursor": cursor} if cursor else {})}
@@ -90,10 +91,10 @@ async def hundred_k(pool, tokens):
     over ~28 hours by 50 tokens; tenant A admitted 1 in 1000."""
     await pool.execute(
         """
-        INSERT INTO executions (execution_id, workflow_id, params, status, outcome, admitted_at,
-                                updated_at, admitted_by, due_at, lease_owner, lease_expires_at,
-                                token, deadline)
-        SELECT 'bulk-' || g, 'wf-' || (g % 20), '{}', s.status,
+        INSERT INTO executions (execution_id, bucket, workflow_id, params, status, outcome,
+                                admitted_at, updated_at, admitted_by, due_at, lease_owner,
+                                lease_expires_at, token, deadline)
+        SELECT 'bulk-' || g, fencepost_bucket('bulk-' || g), 'wf-' || (g % 20), '{}', s.status,
                CASE WHEN s.status IN ('completed', 'failed', 'cancelled', 'timed_out')
                     THEN '{"result": null}'::jsonb END,
                now() - g * interval '1 second', now(),

@@ -33,9 +33,11 @@ async def _seed_listing(ui) -> dict[str, int]:
     # failures and unacknowledged deliveries.
     await ui.store.pool.execute(
         """
-        INSERT INTO execution_events (execution_id, kind, detail, at)
-        SELECT 'ui-idle-a', 'acknowledged', jsonb_build_object('status', 'completed'),
-               now() - make_interval(mins => m) - make_interval(secs => k)
+        INSERT INTO execution_events (execution_id, bucket, kind, detail, at)
+        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at FROM (
+        SELECT 'ui-idle-a' AS execution_id, 'acknowledged' AS kind,
+               jsonb_build_object('status', 'completed') AS detail,
+               now() - make_interval(mins => m) - make_interval(secs => k) AS at
         FROM generate_series(1, 58) m, generate_series(1, 3 + (m % 7)) k
         UNION ALL
         SELECT 'ui-idle-b', 'acknowledged', jsonb_build_object('status', 'failed'),
@@ -43,7 +45,7 @@ async def _seed_listing(ui) -> dict[str, int]:
         FROM generate_series(5, 58, 9) m
         UNION ALL
         SELECT 'ui-idle-c', 'released', '{}'::jsonb, now() - make_interval(mins => m)
-        FROM generate_series(20, 40, 2) m
+        FROM generate_series(20, 40, 2) m) e
         """
     )
     return counters

@@ -105,13 +105,15 @@ async def test_activity_per_minute(store):
     pool = store.pool
     # Old history first (lower event IDs), then the last hour.
     await pool.execute(
-        "INSERT INTO execution_events (execution_id, kind, detail, at) "
-        "SELECT 'x', 'acknowledged', '{\"status\": \"completed\"}', now() - interval '3 hours' "
-        "FROM generate_series(1, 2000)")
+        "INSERT INTO execution_events (execution_id, bucket, kind, detail, at) "
+        "SELECT 'x', fencepost_bucket('x'), 'acknowledged', '{\"status\": \"completed\"}', "
+        "now() - interval '3 hours' FROM generate_series(1, 2000)")
     await pool.execute(
         """
-        INSERT INTO execution_events (execution_id, kind, detail, at)
-        SELECT 'x', 'acknowledged', '{"status": "completed"}'::jsonb, date_trunc('minute', now())
+        INSERT INTO execution_events (execution_id, bucket, kind, detail, at)
+        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at FROM (
+        SELECT 'x' AS execution_id, 'acknowledged' AS kind,
+               '{"status": "completed"}'::jsonb AS detail, date_trunc('minute', now()) AS at
         FROM generate_series(1, 3)
         UNION ALL SELECT 'x', 'acknowledged', '{"status": "failed"}',
                          date_trunc('minute', now()) - interval '10 minutes'
@@ -120,7 +122,7 @@ async def test_activity_per_minute(store):
         UNION ALL SELECT 'x', 'acknowledged', '{"status": "suspended"}', now()
         UNION ALL SELECT 'x', 'released', '{}', date_trunc('minute', now()) - interval '59 minutes'
         UNION ALL SELECT 'x', 'lease_expired', '{}', date_trunc('minute', now()) - interval '30 minutes'
-        UNION ALL SELECT 'x', 'released', '{}', now() - interval '61 minutes'
+        UNION ALL SELECT 'x', 'released', '{}', now() - interval '61 minutes') e
         """)
     now, rows = await store.dashboard.activity_per_minute(60)
     assert len(rows) == 60
