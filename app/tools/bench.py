@@ -141,7 +141,8 @@ async def _start_latency(client: httpx.AsyncClient, conn: asyncpg.Connection, ru
         ids.append(eid)
         deadline = time.monotonic() + 10
         while not await conn.fetchval(
-            "SELECT true FROM execution_steps WHERE execution_id = $1 AND step_key = 'one'", eid
+            "SELECT true FROM execution_steps "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = 'one'", eid
         ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{eid} did not start within 10 s")
@@ -149,9 +150,10 @@ async def _start_latency(client: httpx.AsyncClient, conn: asyncpg.Connection, ru
         await asyncio.sleep(0.05)  # let the workers go idle again
     rows = await conn.fetch(
         """
+        -- Citus: several executions, of any buckets (multi-shard)
         SELECT extract(epoch FROM s.recorded_at - e.admitted_at) * 1000 AS ms
         FROM executions e JOIN execution_steps s
-          ON s.execution_id = e.execution_id AND s.step_key = 'one'
+          ON s.execution_id = e.execution_id AND s.bucket = e.bucket AND s.step_key = 'one'
         WHERE e.execution_id = ANY($1::text[])
         """,
         ids,
@@ -200,6 +202,7 @@ async def _wait_completed(conn: asyncpg.Connection, ids: list[str], deadline: fl
     pending = ids
     while True:
         done = await conn.fetch(
+            "-- Citus: several executions, of any buckets (multi-shard)\n"
             "SELECT execution_id FROM executions WHERE execution_id = ANY($1::text[]) "
             "AND status = 'completed'",
             pending,
@@ -230,6 +233,7 @@ async def _throughput(port: int, conn: asyncpg.Connection, run: str, n: int,
     ids = [f"{run}-{phase}-{i}" for i in range(n)]
     await _wait_completed(conn, ids, deadline)
     span = await conn.fetchval(
+        "-- Citus: several executions, of any buckets (multi-shard)\n"
         "SELECT extract(epoch FROM max(updated_at) - min(admitted_at)) FROM executions "
         "WHERE execution_id = ANY($1::text[])",
         ids,
@@ -268,6 +272,7 @@ async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, client
     deadline = time.monotonic() + max(120, n / 20)
     pattern = f"{run}-backlog-%"
     while await conn.fetchval(
+        "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
         "SELECT count(*) FROM executions WHERE execution_id LIKE $1 AND status <> 'completed'",
         pattern,
     ):
@@ -276,6 +281,7 @@ async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, client
         await asyncio.sleep(0.1)
     span = await conn.fetchval(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT extract(epoch FROM max(e.updated_at) - (
             SELECT min(v.at) FROM execution_events v
             WHERE v.execution_id LIKE $1 AND v.kind = 'claimed'))
@@ -428,6 +434,7 @@ async def _drain(store, pool: asyncpg.Pool, queue: str, workflow_id: str, ids: l
     await store.queues.change(queue, {}, actor="bench", reset=["paused"])
     deadline = time.monotonic() + max(120, len(ids) / 20)
     while await pool.fetchval(
+        "-- Citus: a queue's executions, of every bucket (multi-shard)\n"
         "SELECT count(*) FROM executions "
         "WHERE queue = $1 AND status IN ('admitted', 'suspended', 'running')", queue
     ):
@@ -436,12 +443,14 @@ async def _drain(store, pool: asyncpg.Pool, queue: str, workflow_id: str, ids: l
         await asyncio.sleep(0.05)
     await store.queues.change(queue, {"paused": True}, actor="bench")
     done = await pool.fetchval(
+        "-- Citus: several executions, of any buckets (multi-shard)\n"
         "SELECT count(*) FROM executions WHERE execution_id = ANY($1::text[]) "
         "AND status = 'completed'", ids)
     if done != len(ids):
         raise RuntimeError(f"only {done} of {len(ids)} executions on {queue} completed")
     row = await pool.fetchrow(
         """
+        -- Citus: several executions, of any buckets (multi-shard)
         SELECT extract(epoch FROM (SELECT max(updated_at) FROM executions
                                    WHERE execution_id = ANY($1::text[])) - min(v.at)),
                count(DISTINCT (v.detail->>'owner', v.at))

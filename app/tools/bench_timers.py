@@ -32,6 +32,7 @@ async def _lateness_ms(conn: asyncpg.Connection, ids: list[str], seconds: float,
                        timeout: float) -> list[float]:
     await _wait_completed(conn, ids, time.monotonic() + timeout, poll=0.05)
     rows = await conn.fetch(
+        "-- Citus: several executions, of any buckets (multi-shard)\n"
         "SELECT extract(epoch FROM updated_at - admitted_at) * 1000 - $2::float8 * 1000 AS ms "
         "FROM executions WHERE execution_id = ANY($1::text[])",
         ids, seconds,

@@ -27,6 +27,7 @@ class Chaos:
 
 async def _held_by(conn: asyncpg.Connection, worker_id: str | None) -> int:
     return await conn.fetchval(
+        "-- Citus: one worker's leases, on executions of any buckets (multi-shard)\n"
         "SELECT count(*) FROM executions WHERE lease_owner = $1 AND status = 'running' "
         "AND lease_expires_at > now()", worker_id)
 

@@ -19,6 +19,7 @@ async def wait_terminal(conn: asyncpg.Connection, pattern: str, timeout: float) 
     deadline = time.monotonic() + timeout
     while True:
         open_ = await conn.fetchval(
+            "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
             "SELECT count(*) FROM executions WHERE execution_id LIKE $1 "
             "AND status <> ALL($2::text[])", pattern, list(TERMINAL))
         if open_ == 0 or time.monotonic() > deadline:
@@ -27,20 +28,23 @@ async def wait_terminal(conn: asyncpg.Connection, pattern: str, timeout: float) 
 
 
 STALE_SQL = """
+-- Citus: executions by an ID pattern, of every bucket (multi-shard)
 SELECT w.execution_id, w.event_id, w.kind, w.token, w.detail::text AS detail,
        CASE
          WHEN EXISTS (SELECT 1 FROM execution_events c
-                      WHERE c.execution_id = w.execution_id AND c.event_id < w.event_id
-                        AND c.kind = 'claimed' AND c.token > w.token)
+                      WHERE c.execution_id = w.execution_id AND c.bucket = w.bucket
+                        AND c.event_id < w.event_id AND c.kind = 'claimed' AND c.token > w.token)
            THEN 'after a newer claim'
          WHEN EXISTS (SELECT 1 FROM execution_events x
-                      WHERE x.execution_id = w.execution_id AND x.event_id < w.event_id
+                      WHERE x.execution_id = w.execution_id AND x.bucket = w.bucket
+                        AND x.event_id < w.event_id
                         AND x.kind IN ('acknowledged', 'released', 'lease_expired')
                         AND x.token = w.token)
            THEN 'after its lease ended'
          WHEN NOT EXISTS (SELECT 1 FROM execution_events c
-                          WHERE c.execution_id = w.execution_id AND c.event_id < w.event_id
-                            AND c.kind = 'claimed' AND c.token = w.token)
+                          WHERE c.execution_id = w.execution_id AND c.bucket = w.bucket
+                            AND c.event_id < w.event_id AND c.kind = 'claimed'
+                            AND c.token = w.token)
            THEN 'without a claim'
        END AS why
 FROM execution_events w
@@ -50,17 +54,21 @@ WHERE w.execution_id LIKE $1 AND w.kind IN ('step_recorded', 'acknowledged', 're
 
 async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) -> dict:
     statuses = {r["status"]: r["n"] for r in await conn.fetch(
+        "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
         "SELECT status, count(*) AS n FROM executions WHERE execution_id LIKE $1 "
         "GROUP BY status", pattern)}
     kinds = {r["kind"]: r["n"] for r in await conn.fetch(
+        "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
         "SELECT kind, count(*) AS n FROM execution_events WHERE execution_id LIKE $1 "
         "GROUP BY kind ORDER BY kind", pattern)}
     taken_over = await conn.fetchval(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT count(*) FROM execution_events c
         WHERE c.execution_id LIKE $1 AND c.kind = 'claimed' AND EXISTS (
             SELECT 1 FROM execution_events x
-            WHERE x.execution_id = c.execution_id AND x.event_id < c.event_id
+            WHERE x.execution_id = c.execution_id AND x.bucket = c.bucket
+              AND x.event_id < c.event_id
               AND x.kind = 'lease_expired' AND x.token = c.token - 1)
         """, pattern)
     stale = [dict(r) for r in await conn.fetch(
@@ -68,6 +76,7 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
         pattern)]
     twice = [dict(r) for r in await conn.fetch(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT execution_id, detail->>'stepKey' AS step_key, count(*) AS n
         FROM execution_events WHERE execution_id LIKE $1 AND kind = 'step_recorded'
         GROUP BY 1, 2 HAVING count(*) > 1 ORDER BY 1, 2
@@ -75,22 +84,25 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
     # Every completed execution recorded each of its steps, by the token of its event.
     inconsistent = [dict(r) for r in await conn.fetch(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT e.execution_id, k.step_key, s.token AS row_token,
                (SELECT array_agg(v.token ORDER BY v.event_id) FROM execution_events v
-                WHERE v.execution_id = e.execution_id AND v.kind = 'step_recorded'
-                  AND v.detail->>'stepKey' = k.step_key) AS event_tokens
+                WHERE v.execution_id = e.execution_id AND v.bucket = e.bucket
+                  AND v.kind = 'step_recorded' AND v.detail->>'stepKey' = k.step_key
+               ) AS event_tokens
         FROM executions e CROSS JOIN unnest($2::text[]) AS k(step_key)
         LEFT JOIN execution_steps s
-          ON s.execution_id = e.execution_id AND s.step_key = k.step_key
+          ON s.execution_id = e.execution_id AND s.bucket = e.bucket AND s.step_key = k.step_key
         WHERE e.execution_id LIKE $1 AND e.status = 'completed'
           AND (s.token IS NULL OR s.token IS DISTINCT FROM (
                 SELECT max(v.token) FROM execution_events v
-                WHERE v.execution_id = e.execution_id AND v.kind = 'step_recorded'
-                  AND v.detail->>'stepKey' = k.step_key))
+                WHERE v.execution_id = e.execution_id AND v.bucket = e.bucket
+                  AND v.kind = 'step_recorded' AND v.detail->>'stepKey' = k.step_key))
         ORDER BY 1, 2
         """, pattern, list(STEP_KEYS))]
     wrong_results = await conn.fetchval(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT count(*) FROM executions
         WHERE execution_id LIKE $1 AND status = 'completed'
           AND (outcome->'result'->>'n')::bigint
@@ -98,6 +110,7 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
         """, pattern)
     terminal_twice = await conn.fetchval(
         """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT count(*) FROM (
             SELECT execution_id FROM execution_events
             WHERE execution_id LIKE $1 AND kind = 'acknowledged'
@@ -105,9 +118,11 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
             GROUP BY execution_id HAVING count(*) > 1) t
         """, pattern, list(TERMINAL))
     late = await conn.fetchval(
+        "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
         "SELECT count(*) FROM late_observations WHERE execution_id LIKE $1", pattern)
     in_db = sum(statuses.values())
     not_admitted = await conn.fetchval(
+        "-- Citus: executions by an ID pattern, of every bucket (multi-shard)\n"
         "SELECT count(*) FROM executions WHERE execution_id LIKE $1 "
         "AND execution_id <> ALL($2::text[])", pattern, admitted)
     return {

@@ -1,7 +1,8 @@
 """Revision 0008 (queues) upgrades a database holding data: existing
 executions land on the `default` queue with priority 0 and no key, and are
-claimed by the new claim as before; it downgrades with the flow-control
-columns and tables gone and the executions intact."""
+claimed by the new claim as before (once the database is at head); it
+downgrades with the flow-control columns and tables gone and the executions
+intact."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ async def test_0008_upgrades_and_downgrades_a_database_holding_data(empty_databa
         assert [tuple(r) for r in rows] == [("done", "default", None, 0),
                                            ("due", "default", None, 0)]
         assert await pool.fetchval("SELECT name FROM queue_settings") == "default"
+    finally:
+        await pool.close()
+
+    # The store's statements are written for the head schema: claim there.
+    await migrate.upgrade(url)
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    try:
         claimed = await ExecutionStore(pool).leases.claim_due(10, 30.0, "w1")
         assert [d.lease.execution_id for d in claimed] == ["due"]
     finally:

@@ -1,9 +1,10 @@
 """Revision 0009 (versions) upgrades a database holding data: recorded steps
 keep their rows with no position (a replay does not compare them by
 position), executions keep their code version and have no park detail,
-registered workers carry no versions ({}); the claim then routes the
-existing executions by the version they were admitted under. It downgrades
-with the three columns gone and every row intact."""
+registered workers carry no versions ({}); the claim (once the database
+is at head) then routes the existing executions by the version they were
+admitted under. It downgrades with the three columns gone and every row
+intact."""
 
 from __future__ import annotations
 
@@ -59,7 +60,13 @@ async def test_0009_upgrades_and_downgrades_a_database_holding_data(empty_databa
         worker = await pool.fetchrow(
             "SELECT workflows::text, versions::text FROM workers WHERE worker_id = 'old-worker'")
         assert tuple(worker) == ('["w"]', "{}")
+    finally:
+        await pool.close()
 
+    # The store's statements are written for the head schema: claim there.
+    await migrate.upgrade(url)
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    try:
         # The existing executions route by the version they were admitted
         # under: a caller carrying version 2 of w takes only the unversioned
         # one; a caller carrying version 1 takes the versioned one.
