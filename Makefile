@@ -1,12 +1,13 @@
 # fencepost developer entry points. `make test` is what CI runs (.ci/run): lint
-# and types first (`make lint` alone takes seconds), then the whole suite.
+# and types first (`make lint` alone takes seconds), then the whole suite, then its
+# Citus variant (`make test-citus`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv browser node promtool test lint dev clean-venv
+.PHONY: venv browser node promtool test test-citus lint dev clean-venv
 
 venv: $(STAMP)
 
@@ -43,6 +44,18 @@ promtool:
 
 test: venv lint browser node promtool
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-citus
+
+# The tests marked `citus` again, on the Citus cluster whose coordinator is
+# TEST_CITUS_URL (.ci/run starts one with ../shared/citus). Without it the variant
+# does not run, and says so loudly (CITUS_SKIPPED, set by .ci/run, says why) but
+# does not fail: a machine with no cluster still runs the plain suite.
+test-citus: venv
+	@if [ -z "$${TEST_CITUS_URL:-}" ]; then \
+	  echo "==================== Citus variant SKIPPED: $${CITUS_SKIPPED:-TEST_CITUS_URL is not set (the coordinator of a Citus cluster; .ci/run starts one)} ====================" >&2; \
+	else \
+	  FENCEPOST_TEST_POSTGRES=citus $(BIN)/python -m pytest -q -m citus $(PYTEST_ARGS); \
+	fi
 
 # ruff, then mypy over the whole app package (configuration in pyproject.toml);
 # either one's findings fail the target.

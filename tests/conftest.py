@@ -11,13 +11,34 @@ FENCEPOST_TEST_POSTGRES=env|docker|embedded forces one. Nothing is skipped: if
 no server can be had, the fixture raises. Which server runs, and why an earlier
 choice was passed over, is printed at the start of the run and warned in its summary.
 
+FENCEPOST_TEST_POSTGRES=citus runs on a Citus cluster: TEST_CITUS_URL is its
+coordinator's DSN (any database there with the citus extension and its worker nodes
+registered, e.g. `postgres` as ../shared/citus/cluster leaves it; a superuser). Without
+TEST_CITUS_URL the run stops at once. A Citus cluster is per database, so each database
+the fixtures make is made on every node (the coordinator's and each worker's server,
+the workers read from the coordinator's pg_dist_node): the session's template is created
+on every node, gets the citus extension on every node, its coordinator registers itself
+and the workers, and is migrated and distributed (`upgrade(url, citus=True)`); each test's
+database is then `CREATE DATABASE ... TEMPLATE` of it on every node at once, which clones
+the coordinator's metadata and the workers' shards together (pg_dist_node holds host and
+port, not a database name: a clone's coordinator reaches the same-named clone on each
+worker). In this mode only tests marked `citus` run; the others are deselected (counted in
+the summary), unless --citus-all. Outside it, tests/citus/ (which needs a cluster) is
+skipped with the reason.
+
 Fixtures:
-  pg_server          session  TestServer(url, kind, embedded, url_for(db))
+  pg_server          session  TestServer(url, kind, embedded, url_for(db), nodes): nodes is
+                              each server's admin URL, the coordinator first (one unless
+                              Citus)
   pg_server_url      session  str: admin URL of that server
-  pg_admin           session  asyncpg.Connection to the admin database (session loop)
+  pg_admin           session  asyncpg.Connection to the admin database (session loop); on
+                              Citus the coordinator's
+  pg_node_admins     session  [pg_admin] + an admin connection to each Citus worker
   template_database  session  str: name of the migrated template database
   database_url       function str: URL of a fresh, migrated database; dropped after the test
-  empty_database_url function str: URL of a fresh, empty database (no migrations); dropped after
+  make_database_url  function `await make_database_url()`: one more such URL; all dropped after
+  empty_database_url function str: URL of a fresh, empty database (no migrations); dropped after.
+                              On Citus: citus on every node, the nodes registered
   settings           function app.settings.Settings for database_url (lease_seconds=30)
   pool               function asyncpg.Pool from app.db.create_pool(settings); closed after
   store_settings     function the Settings the `store` fixture uses: `settings`, unless a
@@ -29,6 +50,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -37,7 +59,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -53,7 +75,62 @@ from app.settings import Settings
 from app.store import ExecutionStore
 
 _CREATE_TIMES_MS: list[float] = []
+# Citus: the CREATE DATABASE strategy each template is cloned with, and what choosing
+# it measured (see _faster_strategy).
+_CLONE_STRATEGY: dict[str, str] = {}
+_STRATEGY_CHOICE: list[str] = []
+_TESTS_DIR = Path(__file__).resolve().parent
+# Tests of the Citus bed itself: they need a cluster, and are skipped without one.
+_CITUS_ONLY_DIR = _TESTS_DIR / "citus"
+_DESELECTED_FOR_CITUS = pytest.StashKey[int]()
+_SKIPPED_WITHOUT_CITUS = pytest.StashKey[int]()
 
+
+def _forced_server() -> str:
+    return os.environ.get("FENCEPOST_TEST_POSTGRES", "").strip().lower()
+
+
+def citus_mode() -> bool:
+    """The run is on a Citus cluster (FENCEPOST_TEST_POSTGRES=citus)."""
+    return _forced_server() == "citus"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--citus-all", action="store_true", default=False,
+        help="with FENCEPOST_TEST_POSTGRES=citus, also run the tests not marked `citus` "
+             "(to see which fail on Citus); they are deselected otherwise")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Fails the whole run at once (as the `env` choice does when its URL is missing, but
+    # before any test): a Citus run with no cluster must not look like a passing one.
+    if citus_mode() and not os.environ.get("TEST_CITUS_URL", "").strip():
+        raise pytest.UsageError(
+            "FENCEPOST_TEST_POSTGRES=citus but TEST_CITUS_URL is not set: set it to a Citus "
+            "coordinator's DSN (e.g. postgresql://postgres@127.0.0.1:9700/postgres)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if citus_mode():
+        if config.getoption("--citus-all"):
+            return
+        kept = [item for item in items if item.get_closest_marker("citus") is not None]
+        deselected = [item for item in items if item.get_closest_marker("citus") is None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
+        config.stash[_DESELECTED_FOR_CITUS] = len(deselected)
+        return
+    skip = pytest.mark.skip(
+        reason="needs a Citus cluster: runs with FENCEPOST_TEST_POSTGRES=citus and "
+               "TEST_CITUS_URL (make test's Citus variant)")
+    skipped = 0
+    for item in items:
+        if item.path.is_relative_to(_CITUS_ONLY_DIR):
+            item.add_marker(skip)
+            skipped += 1
+    config.stash[_SKIPPED_WITHOUT_CITUS] = skipped
 
 
 # The API requires tokens by default (FENCEPOST_AUTH=enabled). Tests that are
@@ -70,17 +147,38 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _url_at(url: str, host: str, port: int) -> str:
+    """`url` (its user, password, database, options) on another server."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{hostport}" if userinfo else hostport))
+
+
 @dataclass
 class TestServer:
     __test__ = False  # not a test class
 
     url: str
-    kind: str  # "env" | "docker" | "embedded"
+    kind: str  # "env" | "docker" | "embedded" | "citus"
     embedded: EmbeddedPostgres | None = None
     _cleanup: list = field(default_factory=list, repr=False)
+    # Citus: each node as pg_dist_node names it (host, port), the coordinator first.
+    citus_nodes: list[tuple[str, int]] = field(default_factory=list)
 
     def url_for(self, database: str) -> str:
         return with_database(self.url, database)
+
+    @property
+    def nodes(self) -> list[str]:
+        """Each server's admin URL, the coordinator first: a database the tests use exists
+        on every one of them (one server unless Citus)."""
+        if not self.citus_nodes:
+            return [self.url]
+        return [self.url] + [_url_at(self.url, host, port) for host, port in self.citus_nodes[1:]]
+
+    def node_url_for(self, node: int, database: str) -> str:
+        return with_database(self.nodes[node], database)
 
 
 def _short_tempdir(prefix: str) -> Path:
@@ -159,12 +257,48 @@ def _start_embedded() -> TestServer:
     return server
 
 
+async def _citus_nodes(url: str) -> list[tuple[str, int]]:
+    """The cluster's primary nodes as the coordinator at `url` registered them, the
+    coordinator first; raises, saying why, when `url` is not a usable Citus coordinator."""
+    conn = await asyncpg.connect(url)
+    try:
+        if await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'citus'") is None:
+            raise RuntimeError(f"TEST_CITUS_URL ({url}): its database has no citus extension")
+        if not await conn.fetchval("SELECT citus_is_coordinator()"):
+            raise RuntimeError(f"TEST_CITUS_URL ({url}) is not a Citus coordinator")
+        rows = await conn.fetch(
+            "SELECT groupid, nodename, nodeport FROM pg_dist_node "
+            "WHERE noderole = 'primary' AND isactive ORDER BY groupid, nodeid")
+    finally:
+        await conn.close()
+    coordinator = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] == 0]
+    workers = [(r["nodename"], r["nodeport"]) for r in rows if r["groupid"] != 0]
+    if not workers:
+        raise RuntimeError(f"TEST_CITUS_URL ({url}): its pg_dist_node lists no worker node")
+    if not coordinator:  # never registered itself: the nodes reach it where the URL does
+        parts = urlsplit(url)
+        coordinator = [(parts.hostname or "127.0.0.1", parts.port or 5432)]
+    return coordinator + workers
+
+
+def _start_citus(url: str) -> TestServer:
+    loop = asyncio.new_event_loop()  # the session's loop is pytest-asyncio's, not started yet
+    try:
+        nodes = loop.run_until_complete(_citus_nodes(url))
+    finally:
+        loop.close()
+    return TestServer(url, "citus", citus_nodes=nodes)
+
+
 def _say_which_server(config: pytest.Config, server: TestServer, passed_over: list[str]) -> None:
     """Print (at once, uncaptured) which Postgres the session uses and why an earlier
     choice was passed over; the reasons are also warned, so the summary lists them."""
     what = {"env": "TEST_DATABASE_URL", "docker": f"testcontainers {_postgres_image()}",
-            "embedded": "embedded (pgserver)"}[server.kind]
+            "embedded": "embedded (pgserver)", "citus": f"Citus ({server.url})"}[server.kind]
     lines = [f"test database: {what}"] + [f"  passed over: {reason}" for reason in passed_over]
+    if server.citus_nodes:
+        lines.append("  Citus workers: " + ", ".join(
+            f"{host}:{port}" for host, port in server.citus_nodes[1:]))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None:
@@ -178,12 +312,21 @@ def _say_which_server(config: pytest.Config, server: TestServer, passed_over: li
 
 @pytest.fixture(scope="session")
 def pg_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
-    forced = os.environ.get("FENCEPOST_TEST_POSTGRES", "").strip().lower()
+    forced = _forced_server()
     env_url = os.environ.get("TEST_DATABASE_URL")
     errors: list[str] = []
     server: TestServer | None = None
 
-    if forced in ("", "env") and env_url:
+    if forced == "citus":
+        citus_url = os.environ.get("TEST_CITUS_URL", "").strip()
+        if not citus_url:
+            errors.append("FENCEPOST_TEST_POSTGRES=citus but TEST_CITUS_URL is not set")
+        else:
+            try:
+                server = _start_citus(asyncpg_dsn(citus_url))
+            except Exception as exc:
+                errors.append(f"citus: {type(exc).__name__}: {exc}")
+    elif forced in ("", "env") and env_url:
         server = TestServer(asyncpg_dsn(env_url), "env")
     elif forced == "env":
         errors.append("FENCEPOST_TEST_POSTGRES=env but TEST_DATABASE_URL is not set")
@@ -201,12 +344,15 @@ def pg_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
             server = _start_embedded()
         except Exception as exc:
             errors.append(f"embedded: {type(exc).__name__}: {exc}")
+    if server is None and forced == "citus":
+        raise RuntimeError("no Citus cluster for the tests (FENCEPOST_TEST_POSTGRES=citus): "
+                           + "; ".join(errors))
     if server is None:
         raise RuntimeError(
             "no Postgres for the tests. Set TEST_DATABASE_URL, start Docker, or install the "
             "embedded extra (pip install -e '.[embedded]'). Tried:\n  " + "\n  ".join(errors)
         )
-    _say_which_server(pytestconfig, server, errors)
+    _say_which_server(pytestconfig, server, [] if forced == "citus" else errors)
     try:
         yield server
     finally:
@@ -229,50 +375,215 @@ async def pg_admin(pg_server_url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def pg_node_admins(pg_server: TestServer,
+                         pg_admin: asyncpg.Connection) -> AsyncIterator[list[asyncpg.Connection]]:
+    if pg_server.kind == "citus" and await pg_admin.fetchval(
+            "SELECT 1 FROM pg_settings WHERE name = 'citus.enable_create_database_propagation'"):
+        # Each node's database is made (and dropped) by its own statement below: the
+        # coordinator's CREATE/DROP DATABASE must not also run on the workers.
+        await pg_admin.execute("SET citus.enable_create_database_propagation TO off")
+    workers = [await asyncpg.connect(url) for url in pg_server.nodes[1:]]
+    try:
+        yield [pg_admin, *workers]
+    finally:
+        for conn in workers:
+            await conn.close()
+
+
 async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
     await admin.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def template_database(pg_server: TestServer, pg_admin: asyncpg.Connection) -> AsyncIterator[str]:
-    name = f"fencepost_template_{uuid.uuid4().hex[:12]}"
-    await pg_admin.execute(f"CREATE DATABASE {_quote_ident(name)}")
+async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> None:
+    """Drop `name` on every node: the coordinator's first (its sessions hold connections
+    to the workers' copies), then the workers'. Every node is tried; the first error is
+    raised after."""
+    errors: list[BaseException] = []
     try:
-        await upgrade(pg_server.url_for(name))
-        # Nobody may connect to it any more: CREATE DATABASE ... TEMPLATE needs it idle.
-        await pg_admin.execute(
-            f"ALTER DATABASE {_quote_ident(name)} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"
-        )
+        await _drop_database(admins[0], name)
+    except Exception as exc:
+        errors.append(exc)
+    results = await asyncio.gather(*(_drop_database(a, name) for a in admins[1:]),
+                                   return_exceptions=True)
+    errors.extend(r for r in results if isinstance(r, BaseException))
+    if errors:
+        raise errors[0]
+
+
+async def _create_everywhere(admins: Sequence[asyncpg.Connection], name: str,
+                             template: str | None = None, strategy: str | None = None) -> None:
+    """`name` on every node at once (from `template`, which must exist on each); on a
+    failure none is left behind."""
+    statement = f"CREATE DATABASE {_quote_ident(name)}"
+    if template is not None:
+        statement += f" TEMPLATE {_quote_ident(template)}"
+    if strategy is not None:
+        statement += f" STRATEGY {strategy}"
+    results = await asyncio.gather(*(a.execute(statement) for a in admins),
+                                   return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        with contextlib.suppress(Exception):
+            await _drop_everywhere(admins, name)
+        raise failed[0]
+
+
+async def _make_citus_database(server: TestServer, admins: Sequence[asyncpg.Connection],
+                               name: str) -> None:
+    """A new database `name` that is a Citus cluster of its own: made on every node, the
+    citus extension in each, its coordinator registered and the workers added."""
+    await _create_everywhere(admins, name)
+
+    async def create_extension(url: str) -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE EXTENSION citus")
+        finally:
+            await conn.close()
+
+    # Each worker's copy needs the extension before the coordinator adds it.
+    await asyncio.gather(*(create_extension(server.node_url_for(i, name))
+                           for i in range(len(admins))))
+    conn = await asyncpg.connect(server.url_for(name))
+    try:
+        host, port = server.citus_nodes[0]
+        await conn.execute("SELECT citus_set_coordinator_host($1, $2)", host, port)
+        for host, port in server.citus_nodes[1:]:
+            await conn.execute("SELECT citus_add_node($1, $2)", host, port)
+    finally:
+        await conn.close()
+
+
+async def _freeze_template(admins: Sequence[asyncpg.Connection], name: str) -> None:
+    """Make `name` a template on every node: no new connections, and none left, since
+    CREATE DATABASE ... TEMPLATE needs it idle. On Citus, each copy's maintenance daemon
+    (and the coordinator daemon's connections to the workers) stays connected until
+    ended; with connections refused, nothing starts them again."""
+    for admin in admins:
+        await admin.execute(
+            f"ALTER DATABASE {_quote_ident(name)} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+    for admin in admins:  # the coordinator first: its daemon holds the workers' sessions
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
+
+
+async def _faster_strategy(admins: Sequence[asyncpg.Connection], template: str) -> str:
+    """The faster way for this cluster to clone `template`, by two clones each way.
+    A Citus template is ~12 MB per node (its catalog alone) plus ~0.2 MB per shard:
+    WAL_LOG (the default) writes all of it to the WAL, FILE_COPY copies the files
+    after a checkpoint. Measured on a 2-core VM (1 coordinator + 2 workers, 32 shards):
+    on tmpfs FILE_COPY ~105 ms and WAL_LOG ~175 ms for the three nodes at once; on a
+    busy disk with fsync WAL_LOG ~1.8 s and FILE_COPY ~3.3 s."""
+    medians: dict[str, float] = {}
+    for strategy in ("WAL_LOG", "FILE_COPY"):
+        times = []
+        for _ in range(2):
+            name = f"t_{uuid.uuid4().hex}"
+            started = time.perf_counter()
+            await _create_everywhere(admins, name, template, strategy)
+            times.append((time.perf_counter() - started) * 1000)
+            await _drop_everywhere(admins, name)
+        medians[strategy] = statistics.median(times)
+    chosen = min(medians, key=lambda strategy: medians[strategy])
+    _STRATEGY_CHOICE.append(
+        f"STRATEGY {chosen} (measured at the start: "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in medians.items()) + ")")
+    return chosen
+
+
+async def _unfreeze_and_drop(admins: Sequence[asyncpg.Connection], name: str) -> None:
+    for admin in admins:
+        with contextlib.suppress(Exception):
+            await admin.execute(f"ALTER DATABASE {_quote_ident(name)} WITH IS_TEMPLATE false")
+    await _drop_everywhere(admins, name)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def template_database(pg_server: TestServer,
+                            pg_node_admins: list[asyncpg.Connection]) -> AsyncIterator[str]:
+    name = f"fencepost_template_{uuid.uuid4().hex[:12]}"
+    try:
+        if pg_server.kind == "citus":
+            await _make_citus_database(pg_server, pg_node_admins, name)
+            await upgrade(pg_server.url_for(name), citus=True)
+        else:
+            await _create_everywhere(pg_node_admins, name)
+            await upgrade(pg_server.url_for(name))
+        await _freeze_template(pg_node_admins, name)
+        if pg_server.kind == "citus":
+            _CLONE_STRATEGY[name] = await _faster_strategy(pg_node_admins, name)
         yield name
     finally:
-        with contextlib.suppress(Exception):
-            await pg_admin.execute(f"ALTER DATABASE {_quote_ident(name)} WITH IS_TEMPLATE false")
-        await _drop_database(pg_admin, name)
+        await _unfreeze_and_drop(pg_node_admins, name)
 
 
-@pytest_asyncio.fixture
-async def database_url(pg_server: TestServer, pg_admin: asyncpg.Connection,
-                       template_database: str) -> AsyncIterator[str]:
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def empty_template_database(
+        pg_server: TestServer, pg_node_admins: list[asyncpg.Connection]) -> AsyncIterator[str]:
+    """Citus only: the template of empty_database_url, a Citus cluster of its own with
+    no schema."""
+    name = f"fencepost_empty_{uuid.uuid4().hex[:12]}"
+    try:
+        await _make_citus_database(pg_server, pg_node_admins, name)
+        await _freeze_template(pg_node_admins, name)
+        yield name
+    finally:
+        await _unfreeze_and_drop(pg_node_admins, name)
+
+
+async def _fresh_database(server: TestServer, admins: Sequence[asyncpg.Connection],
+                          template: str) -> str:
+    """A new database cloned from `template` on every node at once; its name."""
     name = f"t_{uuid.uuid4().hex}"
     started = time.perf_counter()
-    await pg_admin.execute(
-        f"CREATE DATABASE {_quote_ident(name)} TEMPLATE {_quote_ident(template_database)}"
-    )
+    await _create_everywhere(admins, name, template, _CLONE_STRATEGY.get(template))
     _CREATE_TIMES_MS.append((time.perf_counter() - started) * 1000)
-    try:
-        yield pg_server.url_for(name)
-    finally:
-        await _drop_database(pg_admin, name)
+    return name
 
 
 @pytest_asyncio.fixture
-async def empty_database_url(pg_server: TestServer, pg_admin: asyncpg.Connection) -> AsyncIterator[str]:
-    name = f"t_{uuid.uuid4().hex}"
-    await pg_admin.execute(f"CREATE DATABASE {_quote_ident(name)} TEMPLATE template0")
+async def database_url(pg_server: TestServer, pg_node_admins: list[asyncpg.Connection],
+                       template_database: str) -> AsyncIterator[str]:
+    name = await _fresh_database(pg_server, pg_node_admins, template_database)
     try:
         yield pg_server.url_for(name)
     finally:
-        await _drop_database(pg_admin, name)
+        await _drop_everywhere(pg_node_admins, name)
+
+
+@pytest_asyncio.fixture
+async def make_database_url(pg_server: TestServer, pg_node_admins: list[asyncpg.Connection],
+                            template_database: str) -> AsyncIterator[Callable[[], Awaitable[str]]]:
+    """`await make_database_url()`: the URL of one more fresh, migrated database (as
+    database_url's, on every node); each is dropped after the test."""
+    made: list[str] = []
+
+    async def make() -> str:
+        made.append(await _fresh_database(pg_server, pg_node_admins, template_database))
+        return pg_server.url_for(made[-1])
+
+    try:
+        yield make
+    finally:
+        for name in made:
+            await _drop_everywhere(pg_node_admins, name)
+
+
+@pytest_asyncio.fixture
+async def empty_database_url(pg_server: TestServer, pg_node_admins: list[asyncpg.Connection],
+                             request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    if pg_server.kind == "citus":
+        template = request.getfixturevalue("empty_template_database")
+        name = await _fresh_database(pg_server, pg_node_admins, template)
+    else:
+        name = f"t_{uuid.uuid4().hex}"
+        await _create_everywhere(pg_node_admins, name, "template0")
+    try:
+        yield pg_server.url_for(name)
+    finally:
+        await _drop_everywhere(pg_node_admins, name)
 
 
 @pytest.fixture
@@ -315,8 +626,20 @@ def embedded_server() -> Iterator[EmbeddedPostgres]:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if _CREATE_TIMES_MS:
+        where = " on every Citus node at once" if citus_mode() else ""
+        where += "".join(f", {choice}" for choice in _STRATEGY_CHOICE)
         terminalreporter.write_line(
-            f"per-test database: {len(_CREATE_TIMES_MS)} created from template, "
+            f"per-test database: {len(_CREATE_TIMES_MS)} created from template{where}, "
             f"median {statistics.median(_CREATE_TIMES_MS):.1f} ms, "
             f"max {max(_CREATE_TIMES_MS):.1f} ms"
         )
+    deselected = config.stash.get(_DESELECTED_FOR_CITUS, 0)
+    if deselected:
+        terminalreporter.write_line(
+            f"citus: {deselected} tests deselected: not yet converted to run on Citus",
+            yellow=True)
+    skipped = config.stash.get(_SKIPPED_WITHOUT_CITUS, 0)
+    if skipped:
+        terminalreporter.write_line(
+            f"citus: {skipped} tests (tests/citus) skipped: no Citus cluster in this run "
+            "(FENCEPOST_TEST_POSTGRES=citus with TEST_CITUS_URL runs them)", yellow=True)
