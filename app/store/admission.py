@@ -70,12 +70,12 @@ def _admission_sql(requests: str) -> str:
     return f"""
     WITH r AS ({requests}), ins AS (
         INSERT INTO executions
-            (execution_id, workflow_id, params, context, status, due_at,
+            (execution_id, bucket, workflow_id, params, context, status, due_at,
              deadline, code_version, admitted_by, traceparent, queue,
              concurrency_key, priority)
         -- Python None is SQL NULL on the wire; as params it means JSON null.
-        SELECT r.execution_id, r.workflow_id, coalesce(r.params, 'null'::jsonb), r.context,
-               'admitted',
+        SELECT r.execution_id, fencepost_bucket(r.execution_id), r.workflow_id,
+               coalesce(r.params, 'null'::jsonb), r.context, 'admitted',
                greatest(now(), coalesce(r.start_at, now()
                    + make_interval(secs => coalesce(r.delay_seconds, 0)))),
                coalesce(r.deadline, now() + make_interval(secs => r.timeout_seconds)),
@@ -87,16 +87,19 @@ def _admission_sql(requests: str) -> str:
         -- is still seen: the insert must not wait for that delete
         -- and then take the ID its tombstone is retiring.)
         WHERE NOT EXISTS (SELECT 1 FROM retired_executions t
-                          WHERE t.execution_id = r.execution_id)
-          AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.execution_id = r.execution_id)
+                          WHERE t.execution_id = r.execution_id
+                            AND t.bucket = fencepost_bucket(r.execution_id))
+          AND NOT EXISTS (SELECT 1 FROM executions e
+                          WHERE e.execution_id = r.execution_id
+                            AND e.bucket = fencepost_bucket(r.execution_id))
         -- Rows are inserted in ID order, so two statements waiting on each
         -- other's uncommitted IDs always wait in one direction (no deadlock).
         ORDER BY r.execution_id
-        ON CONFLICT (execution_id) DO NOTHING
+        ON CONFLICT (execution_id, bucket) DO NOTHING
         RETURNING execution_id, status, queue
     ), ev AS (
-        INSERT INTO execution_events (execution_id, kind, detail)
-        SELECT ins.execution_id, 'admitted',
+        INSERT INTO execution_events (execution_id, bucket, kind, detail)
+        SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
                jsonb_strip_nulls(jsonb_build_object('workflowId', r.workflow_id,
                                                     'requestId', r.request_id))
         FROM ins JOIN r USING (execution_id)
@@ -247,10 +250,10 @@ class Admissions(StoreObject):
             """
             SELECT execution_id, status, workflow_id,
                    workflow_id = $2 AND params = coalesce($3::jsonb, 'null'::jsonb) AS same
-            FROM executions WHERE execution_id = $1
+            FROM executions WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
             UNION ALL
             SELECT execution_id, 'retired', workflow_id, false FROM retired_executions
-            WHERE execution_id = $1
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
             LIMIT 1
             """,
             execution_id,

@@ -16,12 +16,14 @@ from app.store.handle import StoreObject
 from app.store.types import NOTIFY_CHANNEL
 
 # The executions an environment started and every child below them
-# (children carry parent_execution_id).
+# (children carry parent_execution_id), each with its bucket.
 _FAMILY = """
     WITH RECURSIVE family AS (
-        SELECT execution_id FROM executions WHERE execution_id = ANY($1::text[])
+        -- Citus: a family's executions are in many buckets (a child's is its own ID's).
+        SELECT execution_id, bucket FROM executions WHERE execution_id = ANY($1::text[])
         UNION
-        SELECT c.execution_id FROM executions c JOIN family f ON c.parent_execution_id = f.execution_id
+        SELECT c.execution_id, c.bucket
+        FROM executions c JOIN family f ON c.parent_execution_id = f.execution_id
     )
 """
 
@@ -48,7 +50,7 @@ class Clock(StoreObject):
         moved only when this is 0: moving it under a held lease would lapse the lease."""
         return int(await self.db.fetchval(
             _FAMILY + """
-            SELECT count(*) FROM executions e JOIN family USING (execution_id)
+            SELECT count(*) FROM executions e JOIN family USING (execution_id, bucket)
             WHERE e.status = 'running'
                OR (e.status IN ('admitted', 'suspended') AND e.due_at <= now())
             """,
@@ -82,22 +84,23 @@ class Clock(StoreObject):
                                        to_jsonb((e.waiting_on ->> 'until')::timestamptz - d.by))
                         ELSE e.waiting_on END
                 FROM d, family f
-                WHERE e.execution_id = f.execution_id
+                WHERE e.execution_id = f.execution_id AND e.bucket = f.bucket
                 RETURNING 1
             ), st AS (
                 UPDATE execution_steps s
                 SET value = to_jsonb((s.value #>> '{{}}')::timestamptz - d.by)
                 FROM d, family f
-                WHERE s.execution_id = f.execution_id AND s.function_name = 'sleep'
+                WHERE s.execution_id = f.execution_id AND s.bucket = f.bucket
+                  AND s.function_name = 'sleep'
                   AND jsonb_typeof(s.value) = 'string'
                 RETURNING 1
             ), ef AS (
                 UPDATE effects x SET started_at = x.started_at - d.by, updated_at = x.updated_at - d.by
-                FROM d, family f WHERE x.execution_id = f.execution_id
+                FROM d, family f WHERE x.execution_id = f.execution_id AND x.bucket = f.bucket
                 RETURNING 1
             ), sg AS (
                 UPDATE signals g SET received_at = g.received_at - d.by
-                FROM d, family f WHERE g.execution_id = f.execution_id
+                FROM d, family f WHERE g.execution_id = f.execution_id AND g.bucket = f.bucket
                 RETURNING 1
             ), n AS (SELECT pg_notify('{NOTIFY_CHANNEL}', ''))
             SELECT (SELECT count(*) FROM ex) AS moved, (SELECT count(*) FROM n) AS notified
@@ -111,7 +114,8 @@ class Clock(StoreObject):
     async def family_statuses(self, roots: Sequence[str]) -> dict[str, str]:
         """execution ID -> status, for the family."""
         rows = await self.db.fetch(
-            _FAMILY + "SELECT e.execution_id, e.status FROM executions e JOIN family USING (execution_id)",
+            _FAMILY + "SELECT e.execution_id, e.status FROM executions e "
+            "JOIN family USING (execution_id, bucket)",
             list(roots),
         )
         return {r["execution_id"]: r["status"] for r in rows}
@@ -124,7 +128,7 @@ class Clock(StoreObject):
             SELECT greatest(0, extract(epoch FROM min(least(
                        CASE WHEN e.status IN ('admitted', 'suspended') THEN e.due_at END,
                        e.deadline) - now())))::float8
-            FROM executions e JOIN family USING (execution_id)
+            FROM executions e JOIN family USING (execution_id, bucket)
             WHERE e.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
             """,
             list(roots),

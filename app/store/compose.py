@@ -33,7 +33,8 @@ from app.store.types import (
 # the database, so an end nobody waits for sends none.
 ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', x.execution_id)) FROM {{ended}} x "
                 f"WHERE x.status IN {TERMINAL_SQL} AND EXISTS (SELECT 1 FROM watched_executions w "
-                "WHERE w.execution_id = x.execution_id)) AS ended_notices")
+                "WHERE w.execution_id = x.execution_id "
+                "AND w.bucket = fencepost_bucket(x.execution_id))) AS ended_notices")
 
 WAKE_PARENTS = """
     parent_wake AS (
@@ -42,6 +43,7 @@ WAKE_PARENTS = """
               WHERE parent_execution_id IS NOT NULL
                 AND status IN ('completed', 'failed', 'cancelled', 'timed_out')) c
         WHERE p.execution_id = c.parent_execution_id
+          AND p.bucket = fencepost_bucket(c.parent_execution_id)
           AND p.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
         RETURNING p.execution_id
     )"""
@@ -126,7 +128,8 @@ class Compose(StoreObject):
                 fence = await conn.fetchrow(
                     f"""
                     SELECT {INTERRUPT_SQL} FROM executions
-                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                      AND token = $2 AND status = 'running'
                     FOR KEY SHARE
                     """,
                     lease.execution_id,
@@ -138,7 +141,8 @@ class Compose(StoreObject):
                     """
                     SELECT step_key, status, value, error, function_name, attempts, token,
                            recorded_at
-                    FROM execution_steps WHERE execution_id = $1 AND step_key = $2
+                    FROM execution_steps
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2
                     """,
                     lease.execution_id,
                     step_key,
@@ -159,14 +163,16 @@ class Compose(StoreObject):
                         """
                         WITH ins AS (
                             INSERT INTO execution_steps
-                                (execution_id, step_key, status, value, function_name,
+                                (execution_id, bucket, step_key, status, value, function_name,
                                  attempts, token, position)
-                            VALUES ($1, $3, 'completed', $4, $5, $6, $2, $7)
+                            VALUES ($1, fencepost_bucket($1), $3, 'completed', $4, $5, $6, $2,
+                                    $7)
                             RETURNING step_key, status, value, error, function_name,
                                       attempts, token, recorded_at
                         ), ev AS (
-                            INSERT INTO execution_events (execution_id, kind, token, detail)
-                            SELECT $1, 'step_recorded', $2,
+                            INSERT INTO execution_events
+                                (execution_id, bucket, kind, token, detail)
+                            SELECT $1, fencepost_bucket($1), 'step_recorded', $2,
                                    jsonb_build_object('stepKey', $3::text,
                                                       'status', 'completed',
                                                       'transaction', true)
@@ -233,38 +239,44 @@ class Compose(StoreObject):
                         -- The fence: same predicate as every fenced write.
                         SELECT execution_id, cancel_requested_at IS NOT NULL AS cancelling
                         FROM executions
-                        WHERE execution_id = $1 AND token = $7 AND status = 'running'
+                        WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                          AND token = $7 AND status = 'running'
                         FOR SHARE
                     ), ins AS (
                         INSERT INTO executions
-                            (execution_id, workflow_id, params, context, status, due_at,
+                            (execution_id, bucket, workflow_id, params, context, status, due_at,
                              deadline, parent_execution_id, parent_step_key, queue,
                              concurrency_key, priority, code_version)
                         -- A child is ordered in its queue like its parent.
-                        SELECT $3, $4, coalesce($5, 'null'::jsonb), '{{}}'::jsonb, 'admitted',
+                        SELECT $3, fencepost_bucket($3), $4, coalesce($5, 'null'::jsonb),
+                               '{{}}'::jsonb, 'admitted',
                                now(), now() + make_interval(secs => $6::float8), $1, $2, $8, $9,
-                               (SELECT priority FROM executions WHERE execution_id = $1), $10
+                               (SELECT priority FROM executions
+                                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)), $10
                         FROM parent
                         WHERE NOT parent.cancelling
                           -- Seen already (a repeat): nothing to insert, nothing to wait for.
+                          -- Citus: the step's child, under any ID, may be in any bucket.
                           AND NOT EXISTS (SELECT 1 FROM executions
-                                          WHERE execution_id = $3
+                                          WHERE (execution_id = $3
+                                                 AND bucket = fencepost_bucket($3))
                                              OR (parent_execution_id = $1
                                                  AND parent_step_key = $2))
                           -- IDs are never reused.
                           AND NOT EXISTS (SELECT 1 FROM retired_executions
-                                          WHERE execution_id = $3)
+                                          WHERE execution_id = $3
+                                            AND bucket = fencepost_bucket($3))
                         -- Either unique key: a concurrent start of this step or ID.
                         ON CONFLICT DO NOTHING
                         RETURNING execution_id
                     ), ev AS (
-                        INSERT INTO execution_events (execution_id, kind, detail)
-                        SELECT $3, 'admitted',
+                        INSERT INTO execution_events (execution_id, bucket, kind, detail)
+                        SELECT $3, fencepost_bucket($3), 'admitted',
                                jsonb_build_object('workflowId', $4::text,
                                                   'parentExecutionId', $1::text)
                         FROM ins
                         UNION ALL
-                        SELECT $1, 'child_started',
+                        SELECT $1, fencepost_bucket($1), 'child_started',
                                jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
                         FROM ins
                     ), new_queue AS (
@@ -312,10 +324,12 @@ class Compose(StoreObject):
             SELECT execution_id, status, workflow_id,
                    (parent_execution_id = $1 AND parent_step_key = $2) IS TRUE AS linked
             FROM executions
-            WHERE execution_id = $3 OR (parent_execution_id = $1 AND parent_step_key = $2)
+            -- Citus: the step's child, under any ID, may be in any bucket.
+            WHERE (execution_id = $3 AND bucket = fencepost_bucket($3))
+               OR (parent_execution_id = $1 AND parent_step_key = $2)
             UNION ALL
             SELECT execution_id, 'retired', workflow_id, false
-            FROM retired_executions WHERE execution_id = $3
+            FROM retired_executions WHERE execution_id = $3 AND bucket = fencepost_bucket($3)
             """,
             parent_id,
             step_key,
@@ -332,6 +346,7 @@ class Compose(StoreObject):
     async def child_status(self, child_id: str) -> tuple[str | None, dict[str, Any] | None]:
         """(status, outcome) of a child; (None, None) when it does not exist."""
         row = await self.db.fetchrow(
-            "SELECT status, outcome FROM executions WHERE execution_id = $1", child_id
+            "SELECT status, outcome FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", child_id
         )
         return (row["status"], row["outcome"]) if row is not None else (None, None)

@@ -28,8 +28,9 @@ async def rejected(db: Handle, lease: Lease, step_key: str | None = None) -> Lea
     the writes that end a delivery: acknowledge, release)."""
     await db.execute(
         """
-        INSERT INTO execution_events (execution_id, kind, token, detail)
-        VALUES ($1, 'fenced_write_rejected', $2, jsonb_build_object('stepKey', $3::text))
+        INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+        VALUES ($1, fencepost_bucket($1), 'fenced_write_rejected', $2,
+                jsonb_build_object('stepKey', $3::text))
         """,
         lease.execution_id,
         lease.token,

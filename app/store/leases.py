@@ -64,20 +64,25 @@ WITH i AS (
     -- parent, and one statement must not write one row twice (only one
     -- write would stand). Children hold their parent's ID from admission on.
     SELECT DISTINCT c.parent_execution_id AS execution_id
-    FROM i JOIN executions c ON c.execution_id = i.execution_id
+    FROM i JOIN executions c
+        ON c.execution_id = i.execution_id AND c.bucket = fencepost_bucket(i.execution_id)
     WHERE c.parent_execution_id IS NOT NULL
 ), wanted AS (
     SELECT execution_id FROM i WHERE execution_id NOT IN (SELECT execution_id FROM held_back)
     UNION
-    SELECT c.parent_execution_id FROM i JOIN executions c ON c.execution_id = i.execution_id
+    SELECT c.parent_execution_id
+    FROM i JOIN executions c
+        ON c.execution_id = i.execution_id AND c.bucket = fencepost_bucket(i.execution_id)
     WHERE c.parent_execution_id IS NOT NULL
       AND i.execution_id NOT IN (SELECT execution_id FROM held_back)
 ), locked AS MATERIALIZED (
     -- Every row this statement may write (the acknowledged ones and the
     -- parents their ends wake), in execution_id order: in a batch, locked
     -- here in this one pass (SKIP LOCKED), before any of them is written.
+    -- Citus: a batch, and the parents it wakes, are in many buckets.
     SELECT x.execution_id, x.parent_execution_id FROM executions x
-    WHERE x.execution_id IN (SELECT execution_id FROM wanted)
+    WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
+                                         FROM wanted)
     ORDER BY x.execution_id
     {lock}
 ), ready AS (
@@ -90,7 +95,8 @@ WITH i AS (
       AND (l.parent_execution_id IS NULL
            OR l.parent_execution_id IN (SELECT execution_id FROM locked)
            OR NOT EXISTS (SELECT 1 FROM executions p
-                          WHERE p.execution_id = l.parent_execution_id))
+                          WHERE p.execution_id = l.parent_execution_id
+                            AND p.bucket = fencepost_bucket(l.parent_execution_id)))
 ), a AS (
     -- The fence, atomic: the token check and the write are one step on a
     -- row locked from before the check until the commit, so no claim can
@@ -124,18 +130,19 @@ WITH i AS (
         redeliver_after = NULL,
         updated_at = now()
     FROM ready i
-    WHERE e.execution_id = i.execution_id AND e.token = i.token AND e.status = 'running'
+    WHERE e.execution_id = i.execution_id AND e.bucket = fencepost_bucket(i.execution_id)
+      AND e.token = i.token AND e.status = 'running'
     RETURNING i.n, i.reported, i.traceback, e.execution_id, e.token, e.status, e.outcome,
               e.due_at, e.parent_execution_id, e.workflow_id,
               extract(epoch FROM now() - e.admitted_at) AS age
 ), {wake_parents}, ev AS (
-    INSERT INTO execution_events (execution_id, kind, token, detail)
-    SELECT execution_id, 'acknowledged', token,
+    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+    SELECT execution_id, fencepost_bucket(execution_id), 'acknowledged', token,
            jsonb_strip_nulls(jsonb_build_object(
                'status', status, 'reported', reported, 'traceback', traceback))
     FROM a
     UNION ALL
-    SELECT execution_id, status, token, NULL FROM a
+    SELECT execution_id, fencepost_bucket(execution_id), status, token, NULL FROM a
     WHERE status IN ('cancelled', 'timed_out')
 )
 SELECT n, false AS held_back, false AS skipped, status, outcome, workflow_id, age,
@@ -151,7 +158,9 @@ UNION ALL
 SELECT n, false, true, NULL, NULL, NULL, NULL, NULL, NULL FROM i
 WHERE execution_id NOT IN (SELECT execution_id FROM held_back)
   AND n NOT IN (SELECT n FROM ready)
-  AND EXISTS (SELECT 1 FROM executions x WHERE x.execution_id = i.execution_id)
+  AND EXISTS (SELECT 1 FROM executions x
+              WHERE x.execution_id = i.execution_id
+                AND x.bucket = fencepost_bucket(i.execution_id))
 """
 
 
@@ -271,6 +280,7 @@ class Leases(StoreObject):
             ), open_queues AS (
                 SELECT * FROM lim WHERE NOT is_key AND NOT closed
             ), due AS (
+                -- Citus: due executions are looked for in every bucket.
                 SELECT c.* FROM open_queues q, LATERAL (
                     -- The queue's priority levels, one index probe each, so
                     -- that executions not due yet at one level (sleepers) are
@@ -287,7 +297,7 @@ class Leases(StoreObject):
                     )
                     SELECT priority FROM levels WHERE priority IS NOT NULL
                 ) l, LATERAL (
-                    SELECT e.execution_id, 'due'::text AS how, NULL::text AS old_owner,
+                    SELECT e.execution_id, e.bucket, 'due'::text AS how, NULL::text AS old_owner,
                            NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
                            e.priority, e.due_at AS since, e.status AS was, e.token
                     FROM executions e
@@ -319,7 +329,9 @@ class Leases(StoreObject):
                     FOR UPDATE OF e SKIP LOCKED
                 ) c
             ), expired AS (
-                SELECT e.execution_id, 'expired'::text AS how, e.lease_owner AS old_owner,
+                -- Citus: expired leases are looked for in every bucket.
+                SELECT e.execution_id, e.bucket, 'expired'::text AS how,
+                       e.lease_owner AS old_owner,
                        e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
                        e.priority, e.lease_expires_at AS since, e.status AS was, e.token
                 FROM executions e JOIN open_queues q ON q.queue = e.queue
@@ -381,7 +393,8 @@ class Leases(StoreObject):
                 WHERE (NOT x.takes_slot OR x.run_free IS NULL OR x.slots_taken <= x.run_free)
                   AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
             ), picked AS (
-                SELECT execution_id, how, old_owner, old_expiry, queue, concurrency_key, starts,
+                SELECT execution_id, bucket, how, old_owner, old_expiry, queue, concurrency_key,
+                       starts,
                        run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited,
                        start_free IS NOT NULL OR key_start_free IS NOT NULL AS start_limited
                 FROM within_queue ORDER BY priority, since LIMIT $1
@@ -425,7 +438,7 @@ class Leases(StoreObject):
                     redeliver_after = NULL,
                     updated_at = now()
                 FROM picked p
-                WHERE e.execution_id = p.execution_id
+                WHERE e.execution_id = p.execution_id AND e.bucket = p.bucket
                 RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
                           e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
                           e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
@@ -436,17 +449,19 @@ class Leases(StoreObject):
                           e.traceparent, e.queue, p.starts, p.slot_limited,
                           extract(epoch FROM now() - e.admitted_at) AS since_admitted
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'lease_expired', token - 1,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT execution_id, fencepost_bucket(execution_id), 'lease_expired', token - 1,
                        jsonb_build_object('owner', old_owner, 'expiredAt', old_expiry)
                 FROM claimed WHERE how = 'expired'
                 UNION ALL
-                SELECT execution_id, 'claimed', token, jsonb_build_object('owner', $3::text)
+                SELECT execution_id, fencepost_bucket(execution_id), 'claimed', token,
+                       jsonb_build_object('owner', $3::text)
                 FROM claimed
             ), next_due AS (
                 -- The earliest due time still to come, whoever may run it (one
                 -- probe of ix_executions_due): the claimer sleeps until then.
                 -- A row this claim takes is due now, so it never counts here.
+                -- Citus: the earliest of every bucket.
                 SELECT extract(epoch FROM min(x.due_at) - now())::float8 AS next_due_in
                 FROM executions x
                 WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now()
@@ -515,13 +530,18 @@ class Leases(StoreObject):
         rows = await self.db.fetch(
             """
             WITH held AS (
+                -- Citus: a worker's leases are in many buckets.
                 SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
             ), free AS (
                 -- A row locked by a running transactional step (or a step
                 -- write) is skipped this round rather than waited for: one
                 -- long transaction must not stall the renewal of every other
                 -- lease in the batch. Skipped leases are neither renewed nor lost.
-                SELECT e.execution_id FROM executions e JOIN held h USING (execution_id)
+                SELECT e.execution_id
+                FROM executions e
+                JOIN held h
+                    ON e.execution_id = h.execution_id
+                   AND e.bucket = fencepost_bucket(h.execution_id)
                 FOR NO KEY UPDATE OF e SKIP LOCKED
             ), renewed AS (
                 UPDATE executions e
@@ -535,7 +555,8 @@ class Leases(StoreObject):
                 FROM held h
                 -- Current token and a lease not ended by acknowledge, release
                 -- or the reaper; the row lock makes check and write one.
-                WHERE e.execution_id = h.execution_id AND e.token = h.token
+                WHERE e.execution_id = h.execution_id
+                  AND e.bucket = fencepost_bucket(h.execution_id) AND e.token = h.token
                   AND e.status = 'running'
                   AND e.execution_id IN (SELECT execution_id FROM free)
                 RETURNING e.execution_id, e.token, e.lease_expires_at,
@@ -548,14 +569,19 @@ class Leases(StoreObject):
                 -- Lost to a newer claim or to the reaper; a lease this holder
                 -- has just ended itself (acknowledged: same token, counter 0;
                 -- or released) is not news.
-                INSERT INTO execution_events (execution_id, kind, token)
-                SELECT h.execution_id, 'renewal_lost', h.token
-                FROM held h JOIN executions e ON e.execution_id = h.execution_id
+                INSERT INTO execution_events (execution_id, bucket, kind, token)
+                SELECT h.execution_id, fencepost_bucket(h.execution_id), 'renewal_lost', h.token
+                FROM held h
+                JOIN executions e
+                    ON e.execution_id = h.execution_id
+                   AND e.bucket = fencepost_bucket(h.execution_id)
                 WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
                   AND h.execution_id IN (SELECT execution_id FROM free)
                   AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
                   AND NOT EXISTS (SELECT 1 FROM execution_events x
-                                  WHERE x.execution_id = h.execution_id AND x.token = h.token
+                                  WHERE x.execution_id = h.execution_id
+                                    AND x.bucket = fencepost_bucket(h.execution_id)
+                                    AND x.token = h.token
                                     AND x.kind = 'released')
             )
             SELECT execution_id, token, lease_expires_at, interrupt, remaining, false AS busy
@@ -605,27 +631,32 @@ class Leases(StoreObject):
                         lease_owner = NULL,
                         lease_expires_at = NULL,
                         updated_at = now()
-                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                      AND token = $2 AND status = 'running'
                     RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
                 ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
-                    SELECT execution_id, 'released', token,
+                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                    SELECT execution_id, fencepost_bucket(execution_id), 'released', token,
                            jsonb_strip_nulls(jsonb_build_object(
                                'unacknowledgedDeliveries', unacknowledged_deliveries,
                                'redeliverAfter', redeliver_after,
                                'reason', $5::jsonb ->> 'message'))
                     FROM r
                 ), why AS (
-                    INSERT INTO attempt_history (execution_id, step_key, attempt, token, error)
-                    SELECT execution_id, NULL, unacknowledged_deliveries, token, $5::jsonb
+                    INSERT INTO attempt_history
+                        (execution_id, bucket, step_key, attempt, token, error)
+                    SELECT execution_id, fencepost_bucket(execution_id), NULL,
+                           unacknowledged_deliveries, token, $5::jsonb
                     FROM r WHERE $5::jsonb IS NOT NULL
                     RETURNING attempt_id
                 ), trim AS (
                     DELETE FROM attempt_history
-                    WHERE execution_id = $1 AND step_key IS NULL AND EXISTS (SELECT 1 FROM why)
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                      AND step_key IS NULL AND EXISTS (SELECT 1 FROM why)
                       AND attempt_id <= (
                           SELECT attempt_id FROM attempt_history
-                          WHERE execution_id = $1 AND step_key IS NULL
+                          WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                            AND step_key IS NULL
                           ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
                 )
                 SELECT * FROM r
@@ -774,6 +805,7 @@ class Leases(StoreObject):
             # Not acknowledged now: acknowledged before with this token (a
             # terminal record keeps its outcome), or the fence refused it.
             current = {r["execution_id"]: r for r in await self.db.fetch(
+                # Citus: the batch's executions are in many buckets.
                 "SELECT execution_id, token, status, outcome FROM executions "
                 "WHERE execution_id = ANY($1::text[])",
                 [acks[i].lease.execution_id for i in missed])}
@@ -800,7 +832,8 @@ class Leases(StoreObject):
             rows = await conn.fetch(
                 """
                 WITH expired AS (
-                    SELECT execution_id, lease_owner AS old_owner FROM executions
+                    -- Citus: expired leases are looked for in every bucket.
+                    SELECT execution_id, bucket, lease_owner AS old_owner FROM executions
                     WHERE status = 'running' AND lease_expires_at <= now()
                     ORDER BY lease_expires_at
                     LIMIT $1
@@ -818,11 +851,11 @@ class Leases(StoreObject):
                         lease_expires_at = NULL,
                         updated_at = now()
                     FROM expired x
-                    WHERE e.execution_id = x.execution_id
+                    WHERE e.execution_id = x.execution_id AND e.bucket = x.bucket
                     RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
                 ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
-                    SELECT execution_id, 'lease_expired', token,
+                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                    SELECT execution_id, fencepost_bucket(execution_id), 'lease_expired', token,
                            jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
                     FROM r
                 )

@@ -48,7 +48,8 @@ _END = settled_end("e.redeliver_after", "e.unacknowledged_deliveries", "$2")
 
 _SETTLE = f"""
 WITH target AS (
-    SELECT execution_id FROM executions e
+    -- Citus: the leases a reaper's round ended are in many buckets (a release's: one).
+    SELECT execution_id, bucket FROM executions e
     WHERE e.execution_id = ANY($1::text[]) AND e.status IN ('admitted', 'suspended')
       AND {_END} IS NOT NULL
     FOR UPDATE
@@ -65,11 +66,11 @@ WITH target AS (
         redeliver_after = NULL,
         updated_at = now()
     FROM target t
-    WHERE e.execution_id = t.execution_id
+    WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
     RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries, e.parent_execution_id
 ), {WAKE_PARENTS.format(ended="s")}, ev AS (
-    INSERT INTO execution_events (execution_id, kind, token, detail)
-    SELECT execution_id, status, token,
+    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+    SELECT execution_id, fencepost_bucket(execution_id), status, token,
            CASE WHEN status = 'parked'
                 -- The last reasons the history holds (Retry reasons, failed
                 -- attempts), newest first: what the operator reads first.
@@ -82,6 +83,7 @@ WITH target AS (
                            ORDER BY h.attempt_id DESC)
                     FROM (SELECT * FROM attempt_history a
                           WHERE a.execution_id = s.execution_id
+                            AND a.bucket = fencepost_bucket(s.execution_id)
                           ORDER BY a.attempt_id DESC LIMIT 5) h), '[]'::jsonb))
            END
     FROM s
@@ -108,7 +110,8 @@ SWEPT_END = f"""(CASE WHEN coalesce({SWEPT}, false) THEN
 
 SWEEP = f"""
 WITH target AS (
-    SELECT execution_id FROM executions e
+    -- Citus: a sweep looks through every bucket.
+    SELECT execution_id, bucket FROM executions e
     WHERE {SWEPT}
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -120,11 +123,11 @@ WITH target AS (
         due_at = NULL, redeliver_after = NULL, parked_reason = NULL, parked_step = NULL,
         updated_at = now()
     FROM target t
-    WHERE e.execution_id = t.execution_id
+    WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
     RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
 ), {WAKE_PARENTS.format(ended="s")}, ev AS (
-    INSERT INTO execution_events (execution_id, kind, token)
-    SELECT execution_id, status, token FROM s
+    INSERT INTO execution_events (execution_id, bucket, kind, token)
+    SELECT execution_id, fencepost_bucket(execution_id), status, token FROM s
 )
 SELECT execution_id, status,
        (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,

@@ -88,7 +88,8 @@ class Signals(StoreObject):
         return await conn.fetchrow(
             f"""
             SELECT execution_id FROM executions
-            WHERE execution_id = $1 AND status NOT IN {TERMINAL_SQL}
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+              AND status NOT IN {TERMINAL_SQL}
               AND ($2::text IS NULL OR admitted_by = $2)
               AND workflow_id <> ALL($3::text[])
             FOR NO KEY UPDATE
@@ -112,19 +113,23 @@ class Signals(StoreObject):
             f"""
             WITH pending AS (
                 SELECT count(*) AS n FROM signals
-                WHERE execution_id = $1 AND consumed_step IS NULL
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND consumed_step IS NULL
             ), sig AS (
-                INSERT INTO signals (execution_id, name, payload, sender_token_id,
+                INSERT INTO signals (execution_id, bucket, name, payload, sender_token_id,
                                      sender_name, sender_role)
-                SELECT $1, $2, coalesce($3, 'null'::jsonb), $4, $5, $6 FROM pending
+                SELECT $1, fencepost_bucket($1), $2, coalesce($3, 'null'::jsonb), $4, $5, $6
+                FROM pending
                 WHERE $7::bigint IS NULL OR pending.n < $7
                 RETURNING signal_id
             ), wake AS (
                 UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
-                FROM sig WHERE executions.execution_id = $1
+                FROM sig
+                WHERE executions.execution_id = $1
+                  AND executions.bucket = fencepost_bucket($1)
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, detail)
-                SELECT $1, 'signal_received',
+                INSERT INTO execution_events (execution_id, bucket, kind, detail)
+                SELECT $1, fencepost_bucket($1), 'signal_received',
                        jsonb_build_object('name', $2::text, 'signalId', signal_id,
                                           'sender', CASE WHEN $5::text IS NULL THEN NULL ELSE
                                               jsonb_build_object('tokenId', $4::text,
@@ -150,7 +155,8 @@ class Signals(StoreObject):
         missing or (for `owner`) foreign execution is not_found alike; then
         terminal; then a sender the workflow refuses."""
         row = await self.db.fetchrow(
-            "SELECT status, admitted_by, workflow_id FROM executions WHERE execution_id = $1",
+            "SELECT status, admitted_by, workflow_id FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)",
             execution_id,
         )
         if row is None or (owner is not None and row["admitted_by"] != owner):
@@ -176,27 +182,33 @@ class Signals(StoreObject):
             f"""
             WITH fence AS (
                 SELECT execution_id, {INTERRUPT_SQL} FROM executions
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND token = $2 AND status = 'running'
                 FOR SHARE
             ), recorded AS (
-                SELECT step_key FROM execution_steps WHERE execution_id = $1 AND step_key = $3
+                SELECT step_key FROM execution_steps
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
             ), pending AS (
                 SELECT s.signal_id, s.payload, s.sender_token_id, s.sender_name, s.sender_role
                 FROM signals s, fence
-                WHERE s.execution_id = $1 AND s.name = $4 AND s.consumed_step IS NULL
+                WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
+                  AND s.name = $4 AND s.consumed_step IS NULL
                   AND NOT EXISTS (SELECT 1 FROM recorded)
                 ORDER BY s.signal_id
                 LIMIT 1
                 FOR UPDATE OF s SKIP LOCKED
             ), taken AS (
                 UPDATE signals SET consumed_step = $3, consumed_token = $2, consumed_at = now()
-                FROM pending WHERE signals.signal_id = pending.signal_id
+                FROM pending
+                WHERE signals.signal_id = pending.signal_id
+                  AND signals.bucket = fencepost_bucket($1)
                 RETURNING signals.signal_id, signals.payload, pending.sender_token_id,
                           pending.sender_name, pending.sender_role
             ), ins AS (
                 INSERT INTO execution_steps
-                    (execution_id, step_key, status, value, function_name, token, position)
-                SELECT $1, $3, 'completed',
+                    (execution_id, bucket, step_key, status, value, function_name, token,
+                     position)
+                SELECT $1, fencepost_bucket($1), $3, 'completed',
                        CASE WHEN $5 THEN jsonb_build_object(
                            'payload', payload,
                            'sender', CASE WHEN sender_name IS NULL THEN 'null'::jsonb ELSE
@@ -208,8 +220,8 @@ class Signals(StoreObject):
                 RETURNING step_key, status, value, error, function_name, attempts, token,
                           recorded_at
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT $1, 'signal_consumed', $2,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT $1, fencepost_bucket($1), 'signal_consumed', $2,
                        jsonb_build_object('name', $4::text, 'stepKey', $3::text,
                                           'signalId', signal_id)
                 FROM taken
@@ -236,7 +248,8 @@ class Signals(StoreObject):
                 """
                 SELECT step_key, status, value, error, function_name, attempts, token,
                        recorded_at
-                FROM execution_steps WHERE execution_id = $1 AND step_key = $2
+                FROM execution_steps
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2
                 """,
                 lease.execution_id,
                 step_key,

@@ -42,7 +42,8 @@ WITH cmp AS (
                         ELSE $6::jsonb IS NULL
                              OR (s.error ->> 'name') IS DISTINCT FROM ($6::jsonb ->> 'name')
                    END
-            FROM execution_steps s WHERE s.execution_id = $1 AND s.step_key = $2)
+            FROM execution_steps s
+            WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1) AND s.step_key = $2)
         WHEN jsonb_typeof($5::jsonb) = 'object'
              AND $5::jsonb ->> 'acknowledge' IN ('completed', 'failed') THEN (
             SELECT CASE WHEN e.status = 'completed'
@@ -54,20 +55,21 @@ WITH cmp AS (
                                 IS DISTINCT FROM ($6::jsonb ->> 'name')
                    END
             FROM executions e
-            WHERE e.execution_id = $1 AND e.status IN ('completed', 'failed'))
+            WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+              AND e.status IN ('completed', 'failed'))
     END AS conflict
 ), obs AS (
     INSERT INTO late_observations
-        (execution_id, step_key, token, owner, value, error, conflict)
-    SELECT $1, $2, $3, $4, $5, $6, conflict FROM cmp
+        (execution_id, bucket, step_key, token, owner, value, error, conflict)
+    SELECT $1, fencepost_bucket($1), $2, $3, $4, $5, $6, conflict FROM cmp
     RETURNING observation_id, conflict
 ), counted AS (
     UPDATE executions SET integrity_conflicts = integrity_conflicts + 1
-    WHERE execution_id = $1 AND (SELECT conflict FROM obs)
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND (SELECT conflict FROM obs)
     RETURNING 1
 ), ev AS (
-    INSERT INTO execution_events (execution_id, kind, token, detail)
-    SELECT $1, 'integrity_conflict', $3,
+    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+    SELECT $1, fencepost_bucket($1), 'integrity_conflict', $3,
            jsonb_build_object('stepKey', $2::text, 'observationId', observation_id)
     FROM obs WHERE conflict
 )
@@ -162,6 +164,7 @@ _FENCED_INPUT = """
 locked AS (
     SELECT e.execution_id, e.token, {interrupt}
     FROM executions e
+    -- Citus: a batch spans buckets.
     WHERE e.execution_id = ANY($1::text[]) AND e.status = 'running'
     ORDER BY e.execution_id
     FOR SHARE OF e {skip}
@@ -180,7 +183,8 @@ _SKIPPED = """
 f.ord IS NULL
     AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.execution_id = i.execution_id)
     AND EXISTS (SELECT 1 FROM executions e
-                WHERE e.execution_id = i.execution_id AND e.token = i.token
+                WHERE e.execution_id = i.execution_id
+                  AND e.bucket = fencepost_bucket(i.execution_id) AND e.token = i.token
                   AND e.status = 'running') AS skipped"""
 
 # Every step write of a batch in one statement (one array element per write;
@@ -195,16 +199,17 @@ WITH input AS (
                              function_name, attempts, position, ord)
 ), {fenced_input}, ins AS (
     INSERT INTO execution_steps
-        (execution_id, step_key, status, value, error, function_name, attempts, token, position)
-    SELECT execution_id, step_key, status, value::jsonb, error::jsonb, function_name, attempts,
-           token, position
+        (execution_id, bucket, step_key, status, value, error, function_name, attempts, token,
+         position)
+    SELECT execution_id, fencepost_bucket(execution_id), step_key, status, value::jsonb,
+           error::jsonb, function_name, attempts, token, position
     FROM first ORDER BY ord
-    ON CONFLICT (execution_id, step_key) DO NOTHING
+    ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
     RETURNING execution_id, step_key, status, value, error, function_name, attempts, token,
               recorded_at
 ), ev AS (
-    INSERT INTO execution_events (execution_id, kind, token, detail)
-    SELECT ins.execution_id, 'step_recorded', ins.token,
+    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+    SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', ins.status)
     FROM ins JOIN first USING (execution_id, step_key)
     ORDER BY first.ord
@@ -231,16 +236,16 @@ WITH input AS (
         WITH ORDINALITY AS i(execution_id, token, step_key, delay, until, position, ord)
 ), {fenced_input}, ins AS (
     INSERT INTO execution_steps
-        (execution_id, step_key, status, value, function_name, token, position)
-    SELECT execution_id, step_key, 'completed',
+        (execution_id, bucket, step_key, status, value, function_name, token, position)
+    SELECT execution_id, fencepost_bucket(execution_id), step_key, 'completed',
            to_jsonb(coalesce(until, now() + make_interval(secs => delay))), 'sleep', token,
            position
     FROM first ORDER BY ord
-    ON CONFLICT (execution_id, step_key) DO NOTHING
+    ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
     RETURNING execution_id, step_key, value, token
 ), ev AS (
-    INSERT INTO execution_events (execution_id, kind, token, detail)
-    SELECT ins.execution_id, 'step_recorded', ins.token,
+    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+    SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', 'completed',
                               'wakeAt', ins.value)
     FROM ins JOIN first USING (execution_id, step_key)
@@ -253,7 +258,8 @@ LEFT JOIN fence f USING (ord)
 LEFT JOIN first USING (ord)
 LEFT JOIN ins ON ins.execution_id = first.execution_id AND ins.step_key = first.step_key
 LEFT JOIN execution_steps s
-    ON f.ord IS NOT NULL AND s.execution_id = i.execution_id AND s.step_key = i.step_key
+    ON f.ord IS NOT NULL AND s.execution_id = i.execution_id
+   AND s.bucket = fencepost_bucket(i.execution_id) AND s.step_key = i.step_key
 ORDER BY i.ord
 """
 
@@ -277,7 +283,9 @@ _RECORDED_STEPS = """
 SELECT s.execution_id, s.step_key, s.status, s.value, s.error, s.function_name, s.attempts,
        s.token, s.recorded_at
 FROM unnest($1::text[], $2::text[]) AS k(execution_id, step_key)
-JOIN execution_steps s USING (execution_id, step_key)
+JOIN execution_steps s
+  ON s.execution_id = k.execution_id AND s.bucket = fencepost_bucket(k.execution_id)
+ AND s.step_key = k.step_key
 """
 
 
@@ -635,7 +643,8 @@ class Steps(StoreObject):
         wake_at = written.wake_at
         if wake_at is None:  # recorded after the statement's snapshot
             wake_at = await self.db.fetchval(
-                "SELECT value FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
+                "SELECT value FROM execution_steps "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2",
                 lease.execution_id,
                 step_key,
             )
@@ -652,22 +661,27 @@ class Steps(StoreObject):
                 """
                 WITH fence AS (
                     SELECT execution_id FROM executions
-                    WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                      AND token = $2 AND status = 'running'
                     FOR SHARE
                 ), ins AS (
-                    INSERT INTO attempt_history (execution_id, step_key, attempt, token, error)
-                    SELECT execution_id, $3, $4, $2, $5 FROM fence
+                    INSERT INTO attempt_history
+                        (execution_id, bucket, step_key, attempt, token, error)
+                    SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $2, $5
+                    FROM fence
                     RETURNING attempt_id
                 ), trim AS (
                     DELETE FROM attempt_history
-                    WHERE execution_id = $1 AND step_key = $3 AND EXISTS (SELECT 1 FROM ins)
+                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
+                      AND EXISTS (SELECT 1 FROM ins)
                       AND attempt_id <= (
                           SELECT attempt_id FROM attempt_history
-                          WHERE execution_id = $1 AND step_key = $3
+                          WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                            AND step_key = $3
                           ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
                 ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
-                    SELECT $1, 'attempt_failed', $2,
+                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                    SELECT $1, fencepost_bucket($1), 'attempt_failed', $2,
                            jsonb_build_object('stepKey', $3::text, 'attempt', $4::int,
                                               'error', $5::jsonb)
                     FROM ins

@@ -72,6 +72,7 @@ class Workers(StoreObject):
             LEFT JOIN (
                 -- Deliveries the database sees each worker running: all its
                 -- running rows (in flight), those whose lease is unexpired (held).
+                -- Citus: counts over every bucket.
                 SELECT lease_owner, count(*) AS in_flight,
                        count(*) FILTER (WHERE lease_expires_at > now()) AS held
                 FROM executions WHERE status = 'running' GROUP BY lease_owner
@@ -93,6 +94,7 @@ class Workers(StoreObject):
         async with self.db.connection() as conn:
             rows = await conn.fetch(
                 f"""
+                -- Citus: gauges over every bucket.
                 WITH live AS (SELECT {live_sql("$3")} AS workflows), {QUEUE_STATE_CTES}, x AS (
                     SELECT r.*, {reason_sql("r", "l.workflows", "q", "k")} AS reason
                     FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
@@ -117,7 +119,9 @@ class Workers(StoreObject):
                 self.config.redelivery_cap,
                 float(live_within_seconds),
             )
-            queues = await conn.fetch(f"WITH {QUEUE_STATE_CTES} SELECT * FROM queue_state")
+            queues = await conn.fetch(
+                # Citus: each queue's held slots are counted over every bucket.
+                f"WITH {QUEUE_STATE_CTES} SELECT * FROM queue_state")
             live = await conn.fetchrow(
                 """
                 SELECT count(*) AS workers, coalesce(sum(concurrency), 0) AS capacity
@@ -133,10 +137,11 @@ class Workers(StoreObject):
             # scanning every execution at each scrape.
             conflicted = await conn.fetchval(
                 """
+                -- Citus: a count over every bucket.
                 SELECT count(*) FROM executions
                 WHERE integrity_conflicts > 0
-                  AND execution_id IN (SELECT execution_id FROM late_observations
-                                       WHERE conflict)
+                  AND (execution_id, bucket) IN (SELECT execution_id, bucket
+                                                 FROM late_observations WHERE conflict)
                 """
             )
         by_status: dict[str, int] = {}
