@@ -62,13 +62,19 @@ async def _with_lock(url: str, fn: Callable[[Connection], None]) -> None:
         await engine.dispose()
 
 
-async def upgrade(url: str, revision: str = "head") -> None:
+async def upgrade(url: str, revision: str = "head", *, citus: bool = False) -> None:
+    """Upgrade to `revision`; with `citus`, then distribute the tables over the
+    database's Citus cluster (app/citus.py; at head only)."""
     def run(sync_conn: Connection) -> None:
         cfg = alembic_config(url)
         cfg.attributes["connection"] = sync_conn
         command.upgrade(cfg, revision)
 
     await _with_lock(url, run)
+    if citus:
+        from app.citus import distribute
+
+        await distribute(url)
 
 
 async def downgrade(url: str, revision: str = "base") -> None:
