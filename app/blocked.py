@@ -466,6 +466,7 @@ def reason_sql(r: str = "r", live: str = "NULL::text[]", q: str | None = None,
 # per key over ix_executions_queue_held and ix_queue_starts_queue. Put after
 # WITH; queue_state_joins joins them to the healed record.
 QUEUE_STATE_CTES = """
+-- Citus: what each queue and key holds, counted over every bucket (multi-shard)
 queue_state AS MATERIALIZED (
     SELECT s.name, s.paused, s.concurrency, s.per_key_concurrency, s.rate_limit, s.rate_period,
            s.rate_per_key, s.hold_while_suspended,

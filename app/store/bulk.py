@@ -58,6 +58,7 @@ class Operations(StoreObject):
         where, args = filter_sql(spec)
         row = await self.db.fetchrow(
             f"""
+            -- Citus: a filter over executions of every bucket (multi-shard)
             SELECT count(*) AS matched,
                    (SELECT coalesce(array_agg(execution_id), '{{}}') FROM (
                         SELECT execution_id FROM executions WHERE {where}
@@ -77,6 +78,7 @@ class Operations(StoreObject):
         n = len(args)
         row = await self.db.fetchrow(
             f"""
+            -- Citus: a filter over executions of every bucket (multi-shard)
             WITH matched AS (
                 SELECT execution_id FROM executions WHERE {where}
                 LIMIT {int(max_matched) + 1}
@@ -197,7 +199,8 @@ class Operations(StoreObject):
             if await cancel_tree(conn, eid, by, False) is not None:
                 return None, None
             status = await conn.fetchval(
-                "SELECT status FROM executions WHERE execution_id = $1", eid)
+                "SELECT status FROM executions "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", eid)
             if status is None:
                 return "EXECUTION_NOT_FOUND", f"no execution {eid!r}"
             return "EXECUTION_TERMINAL", f"already ended ({status})"
@@ -223,7 +226,8 @@ class Operations(StoreObject):
         # resolve: the step the execution is parked on, as the operation says.
         resolution = options.get("resolution") or {}
         step = await conn.fetchval(
-            "SELECT parked_step FROM executions WHERE execution_id = $1 "
+            "SELECT parked_step FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) "
             "AND status = 'parked' AND parked_reason = 'outcome_unknown'", eid)
         if step is None:
             return "STEP_NOT_OUTCOME_UNKNOWN", "not parked on a step whose outcome is unknown"

@@ -37,17 +37,19 @@ class Effects(StoreObject):
             WITH fence AS (
                 -- FOR SHARE: no claim can land between the token check and the insert.
                 SELECT execution_id, {INTERRUPT_SQL} FROM executions
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND token = $2 AND status = 'running'
                 FOR SHARE
             ), ins AS (
-                INSERT INTO effects (execution_id, step_key, idempotency_key, function_name,
-                                     status, token)
-                SELECT execution_id, $3, $4, $5, 'started', $2 FROM fence
-                ON CONFLICT (execution_id, step_key) DO NOTHING
+                INSERT INTO effects (execution_id, bucket, step_key, idempotency_key,
+                                     function_name, status, token)
+                SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $5, 'started', $2
+                FROM fence
+                ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
                 RETURNING idempotency_key, status, token, attempts
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT $1, 'effect_started', $2,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT $1, fencepost_bucket($1), 'effect_started', $2,
                        jsonb_build_object('stepKey', $3::text, 'idempotencyKey', $4::text)
                 FROM ins
             )
@@ -69,7 +71,7 @@ class Effects(StoreObject):
                                  row["attempts"], True, row["interrupt"])
         existing = await self.db.fetchrow(
             "SELECT idempotency_key, status, token, attempts FROM effects "
-            "WHERE execution_id = $1 AND step_key = $2",
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2",
             lease.execution_id,
             step_key,
         )
@@ -84,16 +86,18 @@ class Effects(StoreObject):
             """
             WITH fence AS (
                 SELECT execution_id FROM executions
-                WHERE execution_id = $1 AND token = $2 AND status = 'running'
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND token = $2 AND status = 'running'
                 FOR SHARE
             ), upd AS (
                 UPDATE effects SET status = 'started', token = $2, attempts = attempts + 1,
                                    updated_at = now()
-                WHERE execution_id = (SELECT execution_id FROM fence) AND step_key = $3
+                WHERE execution_id = (SELECT execution_id FROM fence)
+                  AND bucket = fencepost_bucket($1) AND step_key = $3
                 RETURNING attempts
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT $1, 'effect_attempted', $2,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT $1, fencepost_bucket($1), 'effect_attempted', $2,
                        jsonb_build_object('stepKey', $3::text, 'attempt', attempts)
                 FROM upd
             )
@@ -147,15 +151,17 @@ class Effects(StoreObject):
                     lease_owner = NULL, lease_expires_at = NULL,
                     unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
                     redeliver_after = NULL, updated_at = now()
-                WHERE e.execution_id = $1 AND e.token = $2 AND e.status = 'running'
+                WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+                  AND e.token = $2 AND e.status = 'running'
                 RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
             ), eff AS (
                 UPDATE effects SET status = 'outcome_unknown', updated_at = now()
-                WHERE execution_id = (SELECT execution_id FROM p) AND step_key = $3
+                WHERE execution_id = (SELECT execution_id FROM p)
+                  AND bucket = fencepost_bucket($1) AND step_key = $3
                   AND $4 = 'outcome_unknown'
             ), {WAKE_PARENTS.format(ended="p")}, ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, status, token,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT execution_id, fencepost_bucket(execution_id), status, token,
                        CASE WHEN status = 'parked'
                             THEN jsonb_build_object('reason', $4::text, 'stepKey', $3::text)
                                  || CASE WHEN $5::jsonb IS NOT NULL

@@ -35,9 +35,12 @@ class Exports(StoreObject):
                                'recordedAt', s.recorded_at)
                            ORDER BY s.position NULLS LAST, s.recorded_at, s.step_key), '[]')
                     FROM execution_steps s
-                    WHERE s.execution_id = executions.execution_id) AS steps
+                    -- The execution's bucket as a constant: Citus routes on it.
+                    WHERE s.execution_id = executions.execution_id
+                      AND s.bucket = fencepost_bucket($3)) AS steps
             FROM executions
-            WHERE execution_id = $3 AND ($4::text IS NULL OR admitted_by = $4)
+            WHERE execution_id = $3 AND bucket = fencepost_bucket($3)
+              AND ($4::text IS NULL OR admitted_by = $4)
             """,
             self.config.redelivery_base,
             self.config.redelivery_cap,

@@ -46,7 +46,8 @@ class History(StoreObject):
         exactly like a missing one."""
         row = await self.db.fetchrow(
             f"SELECT {record_columns(self.config.max_unacknowledged)} FROM executions "
-            "WHERE execution_id = $3 AND ($4::text IS NULL OR admitted_by = $4)",
+            "WHERE execution_id = $3 AND bucket = fencepost_bucket($3) "
+            "AND ($4::text IS NULL OR admitted_by = $4)",
             self.config.redelivery_base,
             self.config.redelivery_cap,
             execution_id,
@@ -59,9 +60,10 @@ class History(StoreObject):
         """A long-poll waits for this execution: its end is announced on
         fencepost_ended from now on (see ENDED_NOTICE)."""
         await self.db.execute(
-            "INSERT INTO watched_executions (execution_id) SELECT $1 "
-            "WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = $1) "
-            "ON CONFLICT (execution_id) DO NOTHING", execution_id)
+            "INSERT INTO watched_executions (execution_id, bucket) SELECT $1, fencepost_bucket($1) "
+            "WHERE EXISTS (SELECT 1 FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)) "
+            "ON CONFLICT (execution_id, bucket) DO NOTHING", execution_id)
 
 
     async def ended_among(self, execution_ids: builtins.list[str]) -> set[str]:
@@ -69,6 +71,7 @@ class History(StoreObject):
         as `get` reports it), in one statement: the long-poll waiters' check
         for an end whose notification they missed."""
         rows = await self.db.fetch(
+            "-- Citus: several executions, of any buckets (multi-shard)\n"
             f"SELECT execution_id, status FROM (SELECT {record_columns(self.config.max_unacknowledged)} "
             "FROM executions WHERE execution_id = ANY($3::text[])) r",
             self.config.redelivery_base,
@@ -161,6 +164,7 @@ class History(StoreObject):
         where_inner = " AND ".join(inner) or "true"
         where_outer = " AND ".join(outer) or "true"
         query = f"""
+            -- Citus: a listing over many executions, of every bucket (multi-shard)
             {with_queues}
             SELECT r.* FROM (SELECT {record_columns(self.config.max_unacknowledged)}
                              FROM executions WHERE {where_inner}) r
@@ -176,6 +180,7 @@ class History(StoreObject):
         """Recorded steps of several executions in one round trip."""
         rows = await self.db.fetch(
             """
+            -- Citus: the steps of several executions, of any buckets (multi-shard)
             SELECT execution_id, step_key, status, value, error, function_name, attempts,
                    token, recorded_at, position
             FROM execution_steps WHERE execution_id = ANY($1::text[])
@@ -192,7 +197,7 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT event_id, at, kind, token, detail FROM execution_events
-            WHERE execution_id = $1 ORDER BY event_id
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) ORDER BY event_id
             """,
             execution_id,
         )
@@ -203,7 +208,8 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT observation_id, step_key, token, owner, value, error, observed_at, conflict
-            FROM late_observations WHERE execution_id = $1 ORDER BY observation_id
+            FROM late_observations
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) ORDER BY observation_id
             """,
             execution_id,
         )
@@ -221,15 +227,17 @@ class History(StoreObject):
                    CASE WHEN $2 THEN s.error END AS error,
                    pg_column_size(s.value) AS value_bytes, s.error ->> 'name' AS error_name
             FROM execution_steps s
-            LEFT JOIN effects f0 ON f0.execution_id = s.execution_id AND f0.step_key = s.step_key
-            WHERE s.execution_id = $1
+            LEFT JOIN effects f0 ON f0.execution_id = s.execution_id AND f0.bucket = s.bucket
+                                AND f0.step_key = s.step_key
+            WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
             UNION ALL
             SELECT f.step_key, f.status, f.attempts, f.token, f.function_name,
                    NULL, f.started_at, f.idempotency_key, NULL, NULL, NULL, NULL
             FROM effects f
-            WHERE f.execution_id = $1
+            WHERE f.execution_id = $1 AND f.bucket = fencepost_bucket($1)
               AND NOT EXISTS (SELECT 1 FROM execution_steps s
-                              WHERE s.execution_id = f.execution_id AND s.step_key = f.step_key)
+                              WHERE s.execution_id = f.execution_id AND s.bucket = f.bucket
+                                AND s.step_key = f.step_key)
             ORDER BY recorded_at NULLS LAST, started_at
             """,
             execution_id,
@@ -242,7 +250,8 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT event_id, at, kind, token, detail FROM execution_events
-            WHERE execution_id = $1 AND event_id > $2 ORDER BY event_id LIMIT $3
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND event_id > $2
+            ORDER BY event_id LIMIT $3
             """,
             execution_id,
             after,
@@ -263,11 +272,14 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT ev.event_id, ev.at, ev.kind, ev.token, ev.detail
-            FROM (SELECT execution_id FROM executions
-                  WHERE execution_id = $1 AND ($4::text IS NULL OR admitted_by = $4)) e
+            FROM (SELECT execution_id, bucket FROM executions
+                  WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                    AND ($4::text IS NULL OR admitted_by = $4)) e
             LEFT JOIN LATERAL (
                 SELECT event_id, at, kind, token, detail FROM execution_events
-                WHERE execution_id = e.execution_id AND event_id > $2
+                -- The execution's bucket as a constant (not e.bucket): Citus routes on it.
+                WHERE execution_id = e.execution_id AND bucket = fencepost_bucket($1)
+                  AND event_id > $2
                 ORDER BY event_id LIMIT $3
             ) ev ON true
             """,
@@ -290,8 +302,8 @@ class History(StoreObject):
         group, at, key = after if after is not None else (None, None, None)
         rows = await self.db.fetch(
             """
-            SELECT x.*, a.failed_attempts FROM (SELECT execution_id FROM executions
-                             WHERE execution_id = $1
+            SELECT x.*, a.failed_attempts FROM (SELECT execution_id, bucket FROM executions
+                             WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
                                AND ($7::text IS NULL OR admitted_by = $7)) e
             LEFT JOIN LATERAL (
                 SELECT * FROM (
@@ -306,16 +318,19 @@ class History(StoreObject):
                            NULL::timestamptz AS superseded_at, NULL::int AS redrive
                     FROM execution_steps s
                     LEFT JOIN effects f0
-                           ON f0.execution_id = s.execution_id AND f0.step_key = s.step_key
-                    WHERE s.execution_id = e.execution_id
+                           ON f0.execution_id = s.execution_id AND f0.bucket = s.bucket
+                          AND f0.step_key = s.step_key
+                    -- The execution's bucket as a constant (not e.bucket): Citus routes on it.
+                    WHERE s.execution_id = e.execution_id AND s.bucket = fencepost_bucket($1)
                     UNION ALL
                     SELECT 1, f.started_at, f.step_key, f.status, f.attempts, f.token,
                            f.function_name, NULL, f.started_at, f.idempotency_key, NULL, NULL,
                            NULL, NULL, NULL, NULL
                     FROM effects f
-                    WHERE f.execution_id = e.execution_id
+                    WHERE f.execution_id = e.execution_id AND f.bucket = fencepost_bucket($1)
                       AND NOT EXISTS (SELECT 1 FROM execution_steps s
                                       WHERE s.execution_id = f.execution_id
+                                        AND s.bucket = f.bucket
                                         AND s.step_key = f.step_key)
                     UNION ALL
                     -- Kept as they were when a redrive took them out of the record.
@@ -327,8 +342,9 @@ class History(StoreObject):
                     FROM superseded_steps p
                     -- An effect's request identity stays the same across a redrive.
                     LEFT JOIN effects f2
-                           ON f2.execution_id = p.execution_id AND f2.step_key = p.step_key
-                    WHERE p.execution_id = e.execution_id
+                           ON f2.execution_id = p.execution_id AND f2.bucket = p.bucket
+                          AND f2.step_key = p.step_key
+                    WHERE p.execution_id = e.execution_id AND p.bucket = fencepost_bucket($1)
                 ) u
                 WHERE $4::int IS NULL
                    OR (u.grp, u.sort_at, u.step_key) > ($4::int, $5::timestamptz, $6::text)
@@ -342,7 +358,8 @@ class History(StoreObject):
                            'message', h.error ->> 'message') ORDER BY h.attempt_id)
                        AS failed_attempts
                 FROM attempt_history h
-                WHERE h.execution_id = $1 AND h.step_key = x.step_key
+                WHERE h.execution_id = $1 AND h.bucket = fencepost_bucket($1)
+                  AND h.step_key = x.step_key
             ) a ON true
             """,
             execution_id, include_values, limit, group, at, key, owner,
@@ -362,11 +379,14 @@ class History(StoreObject):
             """
             SELECT o.observation_id, o.step_key, o.token, o.owner, o.value, o.error,
                    o.observed_at, o.conflict
-            FROM (SELECT execution_id FROM executions
-                  WHERE execution_id = $1 AND ($4::text IS NULL OR admitted_by = $4)) e
+            FROM (SELECT execution_id, bucket FROM executions
+                  WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                    AND ($4::text IS NULL OR admitted_by = $4)) e
             LEFT JOIN LATERAL (
                 SELECT * FROM late_observations
-                WHERE execution_id = e.execution_id AND observation_id > $2
+                -- The execution's bucket as a constant (not e.bucket): Citus routes on it.
+                WHERE execution_id = e.execution_id AND bucket = fencepost_bucket($1)
+                  AND observation_id > $2
                 ORDER BY observation_id LIMIT $3
             ) o ON true
             """,
@@ -380,7 +400,8 @@ class History(StoreObject):
     async def exists(self, execution_id: str) -> bool:
         return bool(
             await self.db.fetchval(
-                "SELECT true FROM executions WHERE execution_id = $1", execution_id
+                "SELECT true FROM executions "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id
             )
         )
 
@@ -400,7 +421,8 @@ class History(StoreObject):
     async def admitted_by(self, execution_id: str) -> tuple[bool, str | None]:
         """(exists, the token ID that admitted it)."""
         row = await self.db.fetchrow(
-            "SELECT admitted_by FROM executions WHERE execution_id = $1", execution_id
+            "SELECT admitted_by FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id
         )
         return (row is not None), (row["admitted_by"] if row is not None else None)
 
@@ -410,7 +432,7 @@ class History(StoreObject):
         rows = await self.db.fetch(
             """
             SELECT step_key, attempt, token, error, at FROM attempt_history
-            WHERE execution_id = $1 ORDER BY attempt_id
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) ORDER BY attempt_id
             """,
             execution_id,
         )
@@ -426,29 +448,32 @@ class History(StoreObject):
         token never restarts."""
         return int(await self.db.fetchval(
             """
+            -- Citus: a sweep over ended executions of every bucket (multi-shard)
             WITH doomed AS (
-                SELECT execution_id FROM executions
+                SELECT execution_id, bucket FROM executions
                 WHERE status IN ('completed', 'failed', 'cancelled', 'timed_out')
                   AND updated_at < now() - make_interval(secs => $1)
                 ORDER BY updated_at
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
             ), ev AS (
-                DELETE FROM execution_events WHERE execution_id IN (SELECT execution_id FROM doomed)
+                DELETE FROM execution_events
+                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
             ), lo AS (
                 DELETE FROM late_observations
-                WHERE execution_id IN (SELECT execution_id FROM doomed)
+                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
             ), d AS (
                 -- Re-checked on the locked row: only terminal records go.
                 DELETE FROM executions
-                WHERE execution_id IN (SELECT execution_id FROM doomed)
+                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
                   AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
                 RETURNING execution_id, token, workflow_id
             ), tomb AS (
                 -- Every deleted row leaves its tombstone, or the delete does not commit.
-                INSERT INTO retired_executions (execution_id, last_token, workflow_id)
-                SELECT execution_id, token, workflow_id FROM d
-                ON CONFLICT (execution_id) DO UPDATE
+                INSERT INTO retired_executions (execution_id, bucket, last_token, workflow_id)
+                SELECT d.execution_id, fencepost_bucket(d.execution_id), d.token, d.workflow_id
+                FROM d
+                ON CONFLICT (execution_id, bucket) DO UPDATE
                 SET last_token = greatest(retired_executions.last_token, EXCLUDED.last_token),
                     workflow_id = EXCLUDED.workflow_id, retired_at = now()
                 RETURNING 1

@@ -55,7 +55,8 @@ class Operator(StoreObject):
             METRICS.ended(["cancelled"] * row["cancelled_now"])
             return ("cancelled" if row["status"] == "cancelled" else "requested"), row["status"]
         status = await self.db.fetchval(
-            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+            "SELECT status FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id
         )
         return ("not_found", None) if status is None else ("terminal", status)
 
@@ -79,40 +80,46 @@ class Operator(StoreObject):
                 WITH target AS (
                     SELECT e.execution_id, e.token, f.function_name
                     FROM executions e JOIN effects f
-                      ON f.execution_id = e.execution_id AND f.step_key = $2
-                    WHERE e.execution_id = $1 AND e.status = 'parked'
+                      ON f.execution_id = e.execution_id AND f.bucket = e.bucket
+                     AND f.step_key = $2
+                    WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+                      AND e.status = 'parked'
                       AND e.parked_reason = 'outcome_unknown' AND e.parked_step = $2
                       AND f.status = 'outcome_unknown'
                     FOR UPDATE OF e
                 ), step AS (
                     INSERT INTO execution_steps
-                        (execution_id, step_key, status, value, error, function_name, token)
-                    SELECT execution_id, $2, CASE WHEN $3 = 'succeed' THEN 'completed'
-                                                  ELSE 'failed' END,
+                        (execution_id, bucket, step_key, status, value, error, function_name,
+                         token)
+                    SELECT execution_id, fencepost_bucket(execution_id), $2,
+                           CASE WHEN $3 = 'succeed' THEN 'completed' ELSE 'failed' END,
                            CASE WHEN $3 = 'succeed' THEN $4::jsonb END,
                            CASE WHEN $3 = 'fail' THEN $5::jsonb END, function_name, token
                     FROM target WHERE $3 IN ('succeed', 'fail')
                 ), eff AS (
                     UPDATE effects SET status = 'retry', updated_at = now()
-                    WHERE execution_id = (SELECT execution_id FROM target) AND step_key = $2
+                    WHERE execution_id = (SELECT execution_id FROM target)
+                      AND bucket = fencepost_bucket($1) AND step_key = $2
                       AND $3 = 'retry'
                 ), effdone AS (
                     -- The recorded step is now the receipt; the attempt is settled.
                     DELETE FROM effects
-                    WHERE execution_id = (SELECT execution_id FROM target) AND step_key = $2
+                    WHERE execution_id = (SELECT execution_id FROM target)
+                      AND bucket = fencepost_bucket($1) AND step_key = $2
                       AND $3 IN ('succeed', 'fail')
                 ), e AS (
                     UPDATE executions x
                     SET status = CASE WHEN x.ever_suspended THEN 'suspended' ELSE 'admitted' END,
                         parked_reason = NULL, parked_step = NULL,
                         due_at = now(), updated_at = now()
-                    FROM target t WHERE x.execution_id = t.execution_id
+                    FROM target t
+                    WHERE x.execution_id = t.execution_id AND x.bucket = fencepost_bucket($1)
                     RETURNING x.execution_id, x.token, x.status
                 ), ev AS (
-                    INSERT INTO execution_events (execution_id, kind, token, detail)
+                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
                     -- The decided value is part of the decision's record: an explicit
                     -- null result stays a key with null, retry records neither.
-                    SELECT execution_id, 'resolved', token,
+                    SELECT execution_id, fencepost_bucket(execution_id), 'resolved', token,
                            jsonb_build_object('stepKey', $2::text, 'action', $3::text,
                                               'by', $6::text)
                            || CASE $3 WHEN 'succeed' THEN jsonb_build_object('result', $4::jsonb)
@@ -144,12 +151,15 @@ class Operator(StoreObject):
         row = await self.db.fetchrow(
             """
             SELECT e.status,
+                   -- The execution's bucket as a constant (not e.bucket): Citus routes on it.
                    EXISTS (SELECT 1 FROM execution_steps s
-                           WHERE s.execution_id = e.execution_id AND s.step_key = $2)
+                           WHERE s.execution_id = e.execution_id
+                             AND s.bucket = fencepost_bucket($1) AND s.step_key = $2)
                    OR EXISTS (SELECT 1 FROM effects f
-                              WHERE f.execution_id = e.execution_id AND f.step_key = $2)
+                              WHERE f.execution_id = e.execution_id
+                                AND f.bucket = fencepost_bucket($1) AND f.step_key = $2)
                    OR e.parked_step = $2 AS known
-            FROM executions e WHERE e.execution_id = $1
+            FROM executions e WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
             """,
             execution_id, step_key,
         )
@@ -169,7 +179,7 @@ class Operator(StoreObject):
             f"""
             WITH p AS (
                 SELECT execution_id, parked_reason FROM executions
-                WHERE execution_id = $1 AND status = 'parked'
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND status = 'parked'
                   AND parked_reason IN ('poison', 'nondeterminism')
                 FOR NO KEY UPDATE
             ), r AS (
@@ -177,12 +187,12 @@ class Operator(StoreObject):
                 SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
                     parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
                     redeliver_after = NULL, due_at = now(), updated_at = now()
-                FROM p WHERE e.execution_id = p.execution_id
+                FROM p WHERE e.execution_id = p.execution_id AND e.bucket = fencepost_bucket($1)
                 RETURNING e.execution_id, e.token, e.status, e.unacknowledged_deliveries,
                           p.parked_reason
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'resumed', token,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT execution_id, fencepost_bucket(execution_id), 'resumed', token,
                        jsonb_build_object('by', $2::text,
                                           'unacknowledgedDeliveries', unacknowledged_deliveries)
                        -- A poison resume's detail is as it always was.
@@ -199,7 +209,8 @@ class Operator(StoreObject):
         if row is not None:
             return "resumed", row["status"]
         status = await self.db.fetchval(
-            "SELECT status FROM executions WHERE execution_id = $1", execution_id
+            "SELECT status FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id
         )
         return ("not_found", None) if status is None else ("not_parked", status)
 
@@ -215,16 +226,18 @@ class Operator(StoreObject):
             f"""
             WITH target AS (
                 SELECT true AS found FROM executions
-                WHERE execution_id = $1 AND ($3::text IS NULL OR admitted_by = $3)
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND ($3::text IS NULL OR admitted_by = $3)
             ), w AS (
                 UPDATE executions
                 SET due_at = least(due_at, coalesce($2::timestamptz, now())), updated_at = now()
-                WHERE execution_id = $1 AND status NOT IN {TERMINAL_SQL}
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND status NOT IN {TERMINAL_SQL}
                   AND ($3::text IS NULL OR admitted_by = $3)
                 RETURNING execution_id, due_at
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, detail)
-                SELECT execution_id, 'wake_requested',
+                INSERT INTO execution_events (execution_id, bucket, kind, detail)
+                SELECT execution_id, fencepost_bucket(execution_id), 'wake_requested',
                        jsonb_build_object('at', coalesce($2::timestamptz, now()))
                 FROM w
             )
@@ -262,15 +275,18 @@ async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
     # committed before (and is found) or sees the request and
     # withdraws (start_child checks the parent after inserting).
     await conn.execute(
-        "SELECT 1 FROM executions WHERE execution_id = $1 FOR UPDATE", execution_id
+        "SELECT 1 FROM executions WHERE execution_id = $1 AND bucket = fencepost_bucket($1) "
+        "FOR UPDATE", execution_id
     )
     row = await conn.fetchrow(
         f"""
+        -- Citus: the descendants sit in other buckets than the root's (multi-shard)
         WITH RECURSIVE tree AS (
-            SELECT execution_id FROM executions
-            WHERE execution_id = $1 AND status NOT IN {TERMINAL_SQL}
+            SELECT execution_id, bucket FROM executions
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+              AND status NOT IN {TERMINAL_SQL}
             UNION
-            SELECT x.execution_id FROM executions x JOIN tree t
+            SELECT x.execution_id, x.bucket FROM executions x JOIN tree t
               ON x.parent_execution_id = t.execution_id
             WHERE x.status NOT IN {TERMINAL_SQL}
         ), c AS (
@@ -294,11 +310,12 @@ async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
                 parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
                 updated_at = now()
             FROM tree
-            WHERE e.execution_id = tree.execution_id AND e.status NOT IN {TERMINAL_SQL}
+            WHERE e.execution_id = tree.execution_id AND e.bucket = tree.bucket
+              AND e.status NOT IN {TERMINAL_SQL}
             RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.due_at
         ), {WAKE_PARENTS.format(ended="c")}, ev AS (
-            INSERT INTO execution_events (execution_id, kind, token, detail)
-            SELECT execution_id, 'cancel_requested', token,
+            INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+            SELECT execution_id, fencepost_bucket(execution_id), 'cancel_requested', token,
                    jsonb_strip_nulls(jsonb_build_object(
                        'by', $2::text,
                        'terminate', CASE WHEN $3 THEN true END,
@@ -306,7 +323,8 @@ async def cancel_tree(conn: asyncpg.Connection, execution_id: str, by: str,
                                                  THEN parent_execution_id END))
             FROM c
             UNION ALL
-            SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
+            SELECT execution_id, fencepost_bucket(execution_id), 'cancelled', token,
+                   jsonb_build_object('by', $2::text)
             FROM c WHERE status = 'cancelled'
         )
         SELECT status, {ENDED_NOTICE.format(ended="c")},

@@ -135,6 +135,7 @@ def _settings_row(row: Any) -> QueueSettings:
 # a running execution with an unexpired lease, and a suspended one when the
 # queue holds slots while suspended.
 _COUNTS = """
+    -- Citus: counts over executions of every bucket (multi-shard)
     SELECT s.name,
            (SELECT count(*) FROM executions e
             WHERE e.queue = s.name AND e.status IN ('running', 'suspended')

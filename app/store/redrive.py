@@ -65,7 +65,8 @@ class Redrives(StoreObject):
                        ) -> tuple[RedriveAnswer, Redriven | str | None]:
         row = await conn.fetchrow(
             "SELECT status, cancel_requested_at, deadline FROM executions "
-            "WHERE execution_id = $1 AND ($2::text IS NULL OR admitted_by = $2) FOR UPDATE",
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) "
+            "AND ($2::text IS NULL OR admitted_by = $2) FOR UPDATE",
             execution_id, owner)
         if row is None:
             return "not_found", None
@@ -75,7 +76,8 @@ class Redrives(StoreObject):
         if status == "completed" and from_step is None:
             return "completed", status
         if from_step is not None and not await conn.fetchval(
-                "SELECT 1 FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
+                "SELECT 1 FROM execution_steps "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2",
                 execution_id, from_step):
             return "step_not_found", None
         answer = await conn.fetchrow(
@@ -84,15 +86,18 @@ class Redrives(StoreObject):
                 -- Where the record is cut: least() skips what does not apply.
                 SELECT least(
                     (SELECT recorded_at FROM execution_steps
-                     WHERE execution_id = $1 AND step_key = $2),
+                     WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                       AND step_key = $2),
                     CASE WHEN $7 <> 'completed' THEN least(
                         (SELECT min(recorded_at) FROM execution_steps
-                         WHERE execution_id = $1 AND status = 'failed'),
+                         WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                           AND status = 'failed'),
                         $8::timestamptz,
                         CASE WHEN $7 = 'timed_out' THEN $9::timestamptz END) END) AS at
             ), moved AS (
                 DELETE FROM execution_steps s USING cut
-                WHERE s.execution_id = $1 AND s.recorded_at >= cut.at
+                WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
+                  AND s.recorded_at >= cut.at
                 RETURNING s.*
             ), ex AS (
                 UPDATE executions e
@@ -107,32 +112,35 @@ class Redrives(StoreObject):
                     unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
                     redrives = e.redrives + 1,
                     updated_at = now()
-                WHERE e.execution_id = $1
+                WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
                 RETURNING e.execution_id, e.status, e.token, e.redrives, e.deadline
             ), kept AS (
-                INSERT INTO superseded_steps (execution_id, step_key, status, value, error,
-                                              function_name, attempts, token, recorded_at,
-                                              redrive)
-                SELECT m.execution_id, m.step_key, m.status, m.value, m.error,
-                       m.function_name, m.attempts, m.token, m.recorded_at, ex.redrives
+                INSERT INTO superseded_steps (execution_id, bucket, step_key, status, value,
+                                              error, function_name, attempts, token,
+                                              recorded_at, redrive)
+                SELECT m.execution_id, fencepost_bucket(m.execution_id), m.step_key, m.status,
+                       m.value, m.error, m.function_name, m.attempts, m.token, m.recorded_at,
+                       ex.redrives
                 FROM moved m, ex
             ), eff AS (
                 -- The effect's recorded outcome is gone from the record: one
                 -- more call with the same idempotency key is allowed.
                 UPDATE effects SET status = 'retry', updated_at = now()
-                WHERE execution_id = $1 AND step_key IN (SELECT step_key FROM moved)
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND step_key IN (SELECT step_key FROM moved)
             ), sig AS (
                 -- A signal consumed by a superseded step is pending again.
                 UPDATE signals SET consumed_step = NULL, consumed_token = NULL,
                                    consumed_at = NULL
-                WHERE execution_id = $1 AND consumed_step IN (SELECT step_key FROM moved)
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND consumed_step IN (SELECT step_key FROM moved)
             ), superseded AS (
                 SELECT coalesce(jsonb_agg(step_key ORDER BY recorded_at, step_key), '[]')
                        AS keys
                 FROM moved
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT ex.execution_id, 'redriven', ex.token,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven', ex.token,
                        jsonb_strip_nulls(jsonb_build_object(
                            'by', $3::text, 'reason', $6::text, 'fromStep', $2::text,
                            'redrive', ex.redrives, 'deadline', ex.deadline,
@@ -173,65 +181,74 @@ class Redrives(StoreObject):
                     admitted_by: str | None) -> tuple[ForkAnswer, Forked | Conflict | None]:
         source = await conn.fetchrow(
             "SELECT workflow_id FROM executions "
-            "WHERE execution_id = $1 AND ($2::text IS NULL OR admitted_by = $2) FOR SHARE",
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) "
+            "AND ($2::text IS NULL OR admitted_by = $2) FOR SHARE",
             execution_id, owner)
         if source is None:
             return "not_found", None
         if not await conn.fetchval(
-                "SELECT 1 FROM execution_steps WHERE execution_id = $1 AND step_key = $2",
+                "SELECT 1 FROM execution_steps "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2",
                 execution_id, from_step):
             return "step_not_found", None
         row = await conn.fetchrow(
             f"""
+            -- Citus: reads the source's bucket ($1) and writes the fork's ($3): two shards
             WITH src AS (
-                SELECT * FROM executions WHERE execution_id = $1
+                SELECT * FROM executions WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
             ), cut AS (
                 SELECT recorded_at AS at FROM execution_steps
-                WHERE execution_id = $1 AND step_key = $2
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2
             ), ins AS (
                 -- An ID is never reused: one a retention tombstone holds is taken.
-                INSERT INTO executions (execution_id, workflow_id, params, context, code_version,
-                                        admitted_by, status, due_at, deadline, forked_from,
-                                        forked_from_step, queue, concurrency_key, priority)
+                INSERT INTO executions (execution_id, bucket, workflow_id, params, context,
+                                        code_version, admitted_by, status, due_at, deadline,
+                                        forked_from, forked_from_step, queue, concurrency_key,
+                                        priority)
                 -- A fork runs under its source's flow control.
-                SELECT $3, src.workflow_id, coalesce($4::jsonb, src.params), src.context,
-                       src.code_version, $6, 'admitted', now(),
-                       now() + make_interval(secs => $7::float8), $1, $2, src.queue,
-                       src.concurrency_key, src.priority
+                SELECT $3, fencepost_bucket($3), src.workflow_id,
+                       coalesce($4::jsonb, src.params), src.context, src.code_version, $6,
+                       'admitted', now(), now() + make_interval(secs => $7::float8), $1, $2,
+                       src.queue, src.concurrency_key, src.priority
                 FROM src
-                WHERE NOT EXISTS (SELECT 1 FROM retired_executions WHERE execution_id = $3)
-                ON CONFLICT (execution_id) DO NOTHING
+                WHERE NOT EXISTS (SELECT 1 FROM retired_executions
+                                  WHERE execution_id = $3 AND bucket = fencepost_bucket($3))
+                ON CONFLICT (execution_id, bucket) DO NOTHING
                 RETURNING execution_id, status
             ), copied AS (
-                INSERT INTO execution_steps (execution_id, step_key, status, value, error,
-                                             function_name, attempts, token, recorded_at,
-                                             position)
-                SELECT ins.execution_id, s.step_key, s.status, s.value, s.error,
-                       s.function_name, s.attempts, 0, s.recorded_at, s.position
+                INSERT INTO execution_steps (execution_id, bucket, step_key, status, value,
+                                             error, function_name, attempts, token,
+                                             recorded_at, position)
+                SELECT ins.execution_id, fencepost_bucket(ins.execution_id), s.step_key,
+                       s.status, s.value, s.error, s.function_name, s.attempts, 0, s.recorded_at,
+                       s.position
                 FROM execution_steps s, cut, ins
-                WHERE s.execution_id = $1 AND s.recorded_at < cut.at
+                WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
+                  AND s.recorded_at < cut.at
                 RETURNING step_key, recorded_at
             ), eff AS (
                 -- Copied effects keep their request identity: a replay never
                 -- calls them, and what the remote side saw stays nameable.
-                INSERT INTO effects (execution_id, step_key, idempotency_key, function_name,
-                                     status, token, attempts, started_at)
-                SELECT ins.execution_id, f.step_key, f.idempotency_key, f.function_name,
-                       f.status, 0, f.attempts, f.started_at
+                INSERT INTO effects (execution_id, bucket, step_key, idempotency_key,
+                                     function_name, status, token, attempts, started_at)
+                SELECT ins.execution_id, fencepost_bucket(ins.execution_id), f.step_key,
+                       f.idempotency_key, f.function_name, f.status, 0, f.attempts, f.started_at
                 FROM effects f, ins
-                WHERE f.execution_id = $1 AND f.step_key IN (SELECT step_key FROM copied)
+                WHERE f.execution_id = $1 AND f.bucket = fencepost_bucket($1)
+                  AND f.step_key IN (SELECT step_key FROM copied)
             ), keys AS (
                 SELECT coalesce(jsonb_agg(step_key ORDER BY recorded_at, step_key), '[]') AS keys
                 FROM copied
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT ins.execution_id, 'admitted', NULL::bigint,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
+                       NULL::bigint,
                        jsonb_build_object('workflowId', src.workflow_id, 'by', $5::text,
                                           'forkedFrom', $1::text, 'fromStep', $2::text,
                                           'copied', keys.keys)
                 FROM ins, keys, src
                 UNION ALL
-                SELECT $1, 'forked', NULL,
+                SELECT $1, fencepost_bucket($1), 'forked', NULL,
                        jsonb_build_object('by', $5::text, 'executionId', ins.execution_id,
                                           'fromStep', $2::text)
                 FROM ins
@@ -244,7 +261,8 @@ class Redrives(StoreObject):
         )
         if row is None:
             holder = await conn.fetchrow(
-                "SELECT status, workflow_id FROM executions WHERE execution_id = $1", new_id)
+                "SELECT status, workflow_id FROM executions "
+                "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", new_id)
             if holder is None:  # retired by retention: taken for good
                 return "conflict", Conflict(new_id, "retired", None)
             return "conflict", Conflict(new_id, holder["status"], holder["workflow_id"])

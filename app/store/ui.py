@@ -58,6 +58,7 @@ class Dashboard(StoreObject):
         and how many match in all. `admitted_to` is exclusive."""
         order = UI_SORTS[sort]
         where = f"""
+            -- Citus: a listing over many executions, of every bucket (multi-shard)
             FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
                   WHERE ($5::text IS NULL OR workflow_id = $5)
                     AND ($8::timestamptz IS NULL OR admitted_at >= $8)
@@ -102,6 +103,7 @@ class Dashboard(StoreObject):
         of those its limits or a pause hold back (app/blocked.py's rule)."""
         rows = await self.db.fetch(
             f"""
+            -- Citus: the due executions of every queue, of every bucket (multi-shard)
             WITH {QUEUE_STATE_CTES}, waiting AS (
                 SELECT r.queue, {reason_sql("r", "NULL::text[]", "q", "k")} AS reason
                 FROM (SELECT {record_columns(self.config.max_unacknowledged)} FROM executions
@@ -134,6 +136,7 @@ class Dashboard(StoreObject):
         holds it back)."""
         rows = await self.db.fetch(
             f"""
+            -- Citus: a queue's due executions, of every bucket (multi-shard)
             WITH {QUEUE_STATE_CTES}
             SELECT * FROM (
                 SELECT r.*, {_BLOCKED_REASON_SQL} AS blocked_reason
@@ -157,6 +160,7 @@ class Dashboard(StoreObject):
     async def status_counts(self) -> dict[str, int]:
         """Executions per status, as reads report it (the healed view)."""
         rows = await self.db.fetch(
+            "-- Citus: counts over every bucket (multi-shard)\n"
             f"SELECT {healed_status_sql(self.config.max_unacknowledged)} AS status, count(*) AS n "
             "FROM executions GROUP BY 1",
             self.config.redelivery_base,
@@ -166,6 +170,7 @@ class Dashboard(StoreObject):
 
     async def workflow_ids_seen(self, limit: int = 200) -> list[str]:
         rows = await self.db.fetch(
+            "-- Citus: over every bucket (multi-shard)\n"
             "SELECT DISTINCT workflow_id FROM executions ORDER BY workflow_id LIMIT $1", limit
         )
         return [r["workflow_id"] for r in rows]
@@ -185,6 +190,7 @@ class Dashboard(StoreObject):
             first_id = await self._first_event_id_at(conn, since)
             rows = await conn.fetch(
                 """
+                -- Citus: the last hour's events of every bucket (multi-shard)
                 WITH m AS (
                     -- Ends at the minute of the `now` read above: a later
                     -- statement's now() may be a minute on (61 rows).
@@ -219,7 +225,9 @@ class Dashboard(StoreObject):
         the activity read scans only the last hour's events. `at` is the
         writing transaction's start and event IDs come from a sequence, so
         they are nearly in the same order: the bound is taken 10 minutes early."""
-        bounds = await conn.fetchrow("SELECT min(event_id), max(event_id) FROM execution_events")
+        bounds = await conn.fetchrow(
+            "-- Citus: events of every bucket (multi-shard)\n"
+            "SELECT min(event_id), max(event_id) FROM execution_events")
         assert bounds is not None  # the statement always returns its row
         low, high = bounds[0], bounds[1]
         if low is None:
@@ -229,6 +237,7 @@ class Dashboard(StoreObject):
         while low < high:
             mid = (low + high) // 2
             at = await conn.fetchval(
+                "-- Citus: events of every bucket (multi-shard)\n"
                 "SELECT at FROM execution_events WHERE event_id >= $1 ORDER BY event_id LIMIT 1",
                 mid,
             )
@@ -241,6 +250,7 @@ class Dashboard(StoreObject):
     async def leases_by_owner(self) -> dict[str, int]:
         """Live leases per holder (reads the lease-expiry partial index)."""
         rows = await self.db.fetch(
+            "-- Citus: leases of every bucket (multi-shard)\n"
             "SELECT lease_owner, count(*) AS n FROM executions "
             "WHERE status = 'running' AND lease_expires_at > now() GROUP BY lease_owner"
         )
@@ -252,7 +262,8 @@ class Dashboard(StoreObject):
             """
             SELECT step_key, idempotency_key, function_name, attempts, token, started_at,
                    updated_at
-            FROM effects WHERE execution_id = $1 AND status = 'outcome_unknown'
+            FROM effects
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND status = 'outcome_unknown'
             ORDER BY started_at
             """,
             execution_id,

@@ -70,7 +70,8 @@ class Versions(StoreObject):
         """The execution a move is checked against, read before its history
         is exported (None: no such execution)."""
         row = await self.db.fetchrow(
-            f"SELECT {_SEEN} FROM executions WHERE execution_id = $1", execution_id)
+            f"SELECT {_SEEN} FROM executions "
+            "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id)
         return _seen(row) if row is not None else None
 
     async def candidates(self, workflow_id: str, *, from_version: object = ANY_VERSION,
@@ -83,6 +84,7 @@ class Versions(StoreObject):
         any_version = from_version is ANY_VERSION
         rows = await self.db.fetch(
             f"""
+            -- Citus: a workflow's executions, of every bucket (multi-shard)
             WITH m AS (
                 SELECT {_SEEN}, admitted_at FROM executions
                 WHERE workflow_id = $1 AND status NOT IN {TERMINAL_SQL}
@@ -116,7 +118,8 @@ class Versions(StoreObject):
                 SELECT execution_id, code_version, token,
                        status = 'parked' AND parked_reason = 'nondeterminism' AS unpark
                 FROM executions
-                WHERE execution_id = $1 AND status NOT IN {TERMINAL_SQL}
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND status NOT IN {TERMINAL_SQL}
                   AND status <> 'running'
                   AND ($6::bigint IS NULL
                        OR (token = $6 AND redrives = $7 AND status = $8))
@@ -134,12 +137,13 @@ class Versions(StoreObject):
                     redeliver_after = CASE WHEN c.unpark THEN NULL ELSE e.redeliver_after END,
                     due_at = CASE WHEN c.unpark THEN now() ELSE e.due_at END,
                     updated_at = now()
-                FROM cur c WHERE e.execution_id = c.execution_id
+                FROM cur c
+                WHERE e.execution_id = c.execution_id AND e.bucket = fencepost_bucket($1)
                 RETURNING e.execution_id, e.token, e.status, c.code_version AS from_version,
                           c.unpark
             ), ev AS (
-                INSERT INTO execution_events (execution_id, kind, token, detail)
-                SELECT execution_id, 'version_moved', token,
+                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+                SELECT execution_id, fencepost_bucket(execution_id), 'version_moved', token,
                        jsonb_build_object('from', from_version, 'to', $2::text,
                                           'by', $3::text, 'check', $4::text)
                        || CASE WHEN $5::text IS NULL THEN '{{}}'::jsonb
