@@ -824,6 +824,11 @@ class Worker:
 
     # ---------------------------------------------------------------- listener
 
+    def _woken(self) -> None:
+        """A NOTIFY: something became due; the claim looks everywhere again."""
+        self._db.leases.wake_claims()
+        self._wakeup.set()
+
     async def _listener(self) -> None:
         """LISTEN for admissions, wakes and signals; polling covers the rest."""
         backoff = Backoff(first=0.5, cap=10.0)
@@ -836,7 +841,7 @@ class Worker:
                 conn = await asyncpg.connect(dsn, timeout=self.settings.connect_timeout_seconds)
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda *_, closed=closed: closed.set())
-                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wakeup.set())
+                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._woken())
                 backoff.reset()
                 self._wakeup.set()  # anything admitted while we were not listening
                 while not self._done.is_set():

@@ -15,11 +15,16 @@ from __future__ import annotations
 from app.store.handle import Handle
 from app.store.types import Lease, LeaseLost
 
-# Selected by every fence: tells the current holder to stop at this step.
-INTERRUPT_SQL = (
-    "CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel' "
-    "WHEN deadline <= now() THEN 'deadline' END AS interrupt"
-)
+
+def interrupt_at(now: str) -> str:
+    """Selected by every fence: tells the current holder to stop at this
+    step. `now`: the statement's time (in an UPDATE's RETURNING, the
+    `updated_at` it just wrote: Citus refuses now() there)."""
+    return (f"CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancel' "
+            f"WHEN deadline <= {now} THEN 'deadline' END AS interrupt")
+
+
+INTERRUPT_SQL = interrupt_at("now()")
 
 
 async def rejected(db: Handle, lease: Lease, step_key: str | None = None) -> LeaseLost:

@@ -19,9 +19,10 @@ from app.dberrors import is_infrastructure
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
-from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
+from app.store.placement import ClaimRotation, placement_of
 from app.store.policy import CANCELLED_OUTCOME, SWEEP, TIMED_OUT_OUTCOME, settle
 from app.store.retry import RetryingPool
 from app.store.steps import ATTEMPT_HISTORY
@@ -241,6 +242,14 @@ class Leases(StoreObject):
         # one of an execution, a row or parent another transaction held, or
         # a batch statement that failed), each then sent alone by its caller.
         self.sent_alone = 0
+        # Citus: which shard groups the next claim visits.
+        self._rotation: ClaimRotation | None = None
+
+    def wake_claims(self) -> None:
+        """Something became due (a NOTIFY): the next claim looks in every
+        shard group again, idle ones included (Citus; nothing on one node)."""
+        if self._rotation is not None:
+            self._rotation.wake()
 
     async def claim_due(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None = None,
@@ -271,6 +280,37 @@ class Leases(StoreObject):
         """
         if limit <= 0:
             return Claimed([], None)
+        placement = await placement_of(self.db)
+        if not placement.distributed:
+            return await self._claim(limit, duration, owner, workflow_ids, cleanup_seconds,
+                                     versions, None)
+        # On Citus: one claim statement per shard group, each routed to its
+        # shard, until `limit` are claimed or every group due a look has had one.
+        if self._rotation is None or self._rotation.groups != placement.groups:
+            self._rotation = ClaimRotation(placement.groups)
+        claimed: list[Delivery] = []
+        earliest: float | None = None
+        for index in self._rotation.order():
+            got = await self._claim(limit - len(claimed), duration, owner, workflow_ids,
+                                    cleanup_seconds, versions, placement.groups[index])
+            self._rotation.found(index, len(got), got.next_due_in)
+            claimed.extend(got)
+            if got.next_due_in is not None:
+                earliest = got.next_due_in if earliest is None else min(earliest,
+                                                                        got.next_due_in)
+            if len(claimed) >= limit:
+                break
+        return Claimed(claimed, earliest)
+
+    async def _claim(
+        self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None,
+        cleanup_seconds: list[float] | None, versions: list[str | None] | None,
+        group: tuple[int, ...] | None,
+    ) -> Claimed:
+        """One claim statement: over every bucket (`group` None), or over the
+        buckets of one shard (Citus: the statement is routed to that shard)."""
+        in_group_x = "" if group is None else "AND x.bucket = ANY($10::smallint[])"
+        in_group_e = "" if group is None else "AND e.bucket = ANY($10::smallint[])"
         rows = await self.db.fetch(
             f"""
             WITH lim AS MATERIALIZED (
@@ -280,17 +320,17 @@ class Leases(StoreObject):
             ), open_queues AS (
                 SELECT * FROM lim WHERE NOT is_key AND NOT closed
             ), due AS (
-                -- Citus: due executions are looked for in every bucket.
+                -- In every bucket, or in one shard's (Citus: the group given).
                 SELECT c.* FROM open_queues q, LATERAL (
                     -- The queue's priority levels, one index probe each, so
                     -- that executions not due yet at one level (sleepers) are
                     -- never scanned on the way to the due ones of the next.
                     WITH RECURSIVE levels(priority) AS (
                         SELECT min(x.priority) FROM executions x
-                        WHERE x.queue = q.queue AND x.status IN ('admitted', 'suspended')
+                        WHERE x.queue = q.queue AND x.status IN ('admitted', 'suspended') {in_group_x}
                         UNION ALL
                         SELECT (SELECT min(x.priority) FROM executions x
-                                WHERE x.queue = q.queue
+                                WHERE x.queue = q.queue {in_group_x}
                                   AND x.status IN ('admitted', 'suspended')
                                   AND x.priority > levels.priority)
                         FROM levels WHERE levels.priority IS NOT NULL
@@ -301,7 +341,7 @@ class Leases(StoreObject):
                            NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
                            e.priority, e.due_at AS since, e.status AS was, e.token
                     FROM executions e
-                    WHERE e.queue = q.queue AND e.priority = l.priority
+                    WHERE e.queue = q.queue AND e.priority = l.priority {in_group_e}
                       AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
                       AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
                       AND {CARRIED}
@@ -329,13 +369,13 @@ class Leases(StoreObject):
                     FOR UPDATE OF e SKIP LOCKED
                 ) c
             ), expired AS (
-                -- Citus: expired leases are looked for in every bucket.
+                -- In every bucket, or in one shard's (Citus: the group given).
                 SELECT e.execution_id, e.bucket, 'expired'::text AS how,
                        e.lease_owner AS old_owner,
                        e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
                        e.priority, e.lease_expires_at AS since, e.status AS was, e.token
                 FROM executions e JOIN open_queues q ON q.queue = e.queue
-                WHERE e.status = 'running' AND e.lease_expires_at <= now()
+                WHERE e.status = 'running' AND e.lease_expires_at <= now() {in_group_e}
                   AND e.lease_expires_at
                       + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
                       <= now()
@@ -442,12 +482,12 @@ class Leases(StoreObject):
                 RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
                           e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
                           e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
-                          now() AS claimed_at, {INTERRUPT_SQL},
+                          e.updated_at AS claimed_at, {interrupt_at('e.updated_at')},
                           fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
                                                  e.cleanup_seconds) AS cleanup_ends,
                           (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
                           e.traceparent, e.queue, p.starts, p.slot_limited,
-                          extract(epoch FROM now() - e.admitted_at) AS since_admitted
+                          extract(epoch FROM e.updated_at - e.admitted_at) AS since_admitted
             ), ev AS (
                 INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
                 SELECT execution_id, fencepost_bucket(execution_id), 'lease_expired', token - 1,
@@ -461,10 +501,10 @@ class Leases(StoreObject):
                 -- The earliest due time still to come, whoever may run it (one
                 -- probe of ix_executions_due): the claimer sleeps until then.
                 -- A row this claim takes is due now, so it never counts here.
-                -- Citus: the earliest of every bucket.
+                -- Of every bucket, or of the group's (Citus).
                 SELECT extract(epoch FROM min(x.due_at) - now())::float8 AS next_due_in
                 FROM executions x
-                WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now()
+                WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now() {in_group_x}
             )
             -- One row even when nothing is claimed: the next due time alone.
             SELECT c.*, n.next_due_in FROM next_due n LEFT JOIN claimed c ON true
@@ -478,6 +518,7 @@ class Leases(StoreObject):
             self.config.max_unacknowledged,
             cleanup_seconds,
             versions,
+            *([] if group is None else [list(group)]),
         )
         next_due_in = rows[0]["next_due_in"] if rows else None
         rows = [r for r in rows if r["execution_id"] is not None]
