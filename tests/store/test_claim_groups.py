@@ -1,0 +1,88 @@
+"""Claims shard group by shard group (what a claimer does on Citus), run here
+on one Postgres with a placement forced on the pool: the statement restricted
+to a group's buckets takes only that group's executions, a claim visits the
+groups until it has its limit, idle groups are skipped until their next due
+time or a wake-up, and no group is starved by a busy one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.store.buckets import BUCKETS, bucket_of
+from app.store.placement import ClaimRotation, Placement
+from tests.support.admission import admit
+from tests.support.clocks import backdate_due
+
+# Two "shards": even buckets and odd buckets.
+TWO = Placement((tuple(range(0, BUCKETS, 2)), tuple(range(1, BUCKETS, 2))))
+
+
+def _ids_in(group: int, n: int, prefix: str) -> list[str]:
+    ids: list[str] = []
+    i = 0
+    while len(ids) < n:
+        candidate = f"{prefix}-{i}"
+        if bucket_of(candidate) % 2 == group:
+            ids.append(candidate)
+        i += 1
+    return ids
+
+
+def _force(store, placement: Placement) -> None:
+    store.pool._fencepost_placement = placement
+
+
+async def test_a_group_claim_takes_only_its_buckets(store):
+    _force(store, TWO)
+    even, odd = _ids_in(0, 3, "e"), _ids_in(1, 3, "o")
+    for eid in even + odd:
+        await admit(store, "wf", eid)
+    one = await store.leases._claim(10, 30, "w", None, None, None, TWO.groups[1])
+    assert sorted(d.lease.execution_id for d in one) == sorted(odd)
+    rest = await store.leases.claim_due(10, 30, "w")
+    assert sorted(d.lease.execution_id for d in rest) == sorted(even)
+
+
+async def test_a_claim_visits_groups_until_its_limit_and_starts_one_further_each_time(store):
+    _force(store, TWO)
+    even, odd = _ids_in(0, 4, "e"), _ids_in(1, 4, "o")
+    for eid in even + odd:
+        await admit(store, "wf", eid)
+    first = [d.lease.execution_id for d in await store.leases.claim_due(3, 30, "w")]
+    second = [d.lease.execution_id for d in await store.leases.claim_due(3, 30, "w")]
+    # Each claim filled its limit from its first group; the second started at the other one.
+    assert {bucket_of(i) % 2 for i in first} == {0}
+    assert {bucket_of(i) % 2 for i in second} == {1}
+    third = [d.lease.execution_id for d in await store.leases.claim_due(10, 30, "w")]
+    assert sorted(first + second + third) == sorted(even + odd)
+
+
+async def test_idle_groups_are_skipped_until_due_or_woken(store, pool):
+    _force(store, TWO)
+    assert await store.leases.claim_due(10, 30, "w") == []
+    # Both groups were found idle: an admission now is not looked for ...
+    late = _ids_in(1, 1, "late")[0]
+    await admit(store, "wf", late)
+    assert await store.leases.claim_due(10, 30, "w") == []
+    # ... until a wake-up (a NOTIFY reached the worker) ...
+    store.leases.wake_claims()
+    assert [d.lease.execution_id for d in await store.leases.claim_due(10, 30, "w")] == [late]
+    # ... or the group's next due time comes, as its last claim told.
+    timer = _ids_in(0, 1, "timer")[0]
+    await admit(store, "wf", timer)
+    await backdate_due(pool, timer, -0.3)  # due in 0.3 s
+    store.leases.wake_claims()
+    claimed = await store.leases.claim_due(10, 30, "w")
+    assert claimed == [] and 0 < claimed.next_due_in <= 0.3
+    await asyncio.sleep(0.35)
+    assert [d.lease.execution_id for d in await store.leases.claim_due(10, 30, "w")] == [timer]
+
+
+async def test_rotation_rechecks_an_idle_group_after_its_recheck_time():
+    rotation = ClaimRotation(TWO.groups, recheck_seconds=0.05)
+    assert rotation.order() == [0, 1]
+    rotation.found(0, 0, None)
+    rotation.found(1, 2, None)
+    assert rotation.order() == [1]
+    await asyncio.sleep(0.06)
+    assert sorted(rotation.order()) == [0, 1]
