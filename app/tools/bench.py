@@ -40,6 +40,14 @@ the last completion on the database clock, in alternating rounds. The per-key
 limit is set (at run time) for the limited rounds only: a claim locks every
 limited queue, so the unlimited rounds run with no limited queue at all.
 
+`--citus-url URL` runs the default mode's measurement (1-5) twice in one
+invocation: on the plain database (DATABASE_URL or the embedded one), then
+on URL, a database on a Citus coordinator (the citus extension and worker
+nodes added there), upgraded and distributed first (upgrade(url, citus=True));
+`--citus-first` swaps the order. One line: the plain figures as always, and
+the same figures of the Citus run prefixed `citus_`, with `citus_ratio`
+(its executions/s over the plain one's) and `citus_nodes` (its worker nodes).
+
 Machines here are shared and noisy: compare figures within one run.
 """
 
@@ -53,13 +61,14 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
 import httpx
 
 from app.db import asyncpg_dsn
-from app.devserver import spawn_children, stop_children
+from app.devserver import describe, spawn_children, stop_children
 from app.settings import Settings
 from app.tools.bench_cpu import CpuMeter
 from app.tools.bench_fields import FIELDS
@@ -94,6 +103,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "about that long; prints their lateness (default 0: off)")
     p.add_argument("--timer-seconds", type=float, default=20.0, metavar="S",
                    help="--timers: each execution's sleep (default 20)")
+    p.add_argument("--citus-url", metavar="URL",
+                   help="also run the measurement on URL, a database on a Citus coordinator "
+                        "(citus extension and worker nodes added there; upgraded and "
+                        "distributed first), after the plain one; figures prefixed citus_")
+    p.add_argument("--citus-first", action="store_true",
+                   help="--citus-url: run on Citus first, then on the plain database")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = FIELDS
 
@@ -111,7 +126,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def _wait_ready(base: str, conn: asyncpg.Connection, workers: int, timeout: float = 60) -> None:
+async def _wait_ready(base: str, conn: asyncpg.Connection, workers: int, timeout: float = 60,
+                      exited: Callable[[], str | None] | None = None) -> None:
+    """Return once the API answers ready and `workers` workers beat; raise
+    past `timeout`, or at once when `exited()` names a child that exited
+    (waiting on for it would only delay the same failure)."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(base_url=base) as client:
         while True:
@@ -125,6 +144,8 @@ async def _wait_ready(base: str, conn: asyncpg.Connection, workers: int, timeout
                         return
             except httpx.TransportError:
                 pass
+            if exited is not None and (gone := exited()):
+                raise RuntimeError(f"{gone} before the service was ready")
             if time.monotonic() > deadline:
                 raise RuntimeError("the API or the workers did not become ready in time")
             await asyncio.sleep(0.1)
@@ -255,7 +276,8 @@ async def _commits(conn: asyncpg.Connection) -> int:
 
 
 async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, clients: int,
-                   start_workers, base: str, workers: int) -> dict:
+                   start_workers, base: str, workers: int,
+                   exited: Callable[[], str | None] | None = None) -> dict:
     """Admissions with no worker running (the API alone), then the workers
     drain that backlog (the workers alone): each side's own rate."""
     latencies: list[float] = []
@@ -268,7 +290,7 @@ async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, client
     await asyncio.gather(*(_admit_over(port, bodies[c::clients], latencies) for c in range(clients)))
     admit_seconds = time.perf_counter() - t0
     start_workers()
-    await _wait_ready(base, conn, workers)
+    await _wait_ready(base, conn, workers, exited=exited)
     deadline = time.monotonic() + max(120, n / 20)
     pattern = f"{run}-backlog-%"
     while await conn.fetchval(
@@ -354,17 +376,18 @@ async def _quota_cost(url: str, port: int, run: str, n: int, clients: int) -> di
 
 
 async def _measure(url: str, port: int, args: argparse.Namespace, start_workers,
-                   auth_port: int | None = None, stop_workers=None, pids=None) -> dict:
+                   auth_port: int | None = None, stop_workers=None, pids=None,
+                   exited: Callable[[], str | None] | None = None) -> dict:
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        await _wait_ready(base, conn, 0)
+        await _wait_ready(base, conn, 0, exited=exited)
         run = f"bench-{uuid.uuid4().hex[:8]}"
         alone = await _backlog(port, conn, run, args.executions, args.clients, start_workers,
-                               base, args.workers)
+                               base, args.workers, exited)
         async with httpx.AsyncClient(base_url=base) as client:
             latency = await _start_latency(client, conn, run, args.latency_samples)
-        meter = CpuMeter.for_run(conn, url, pids)
+        meter = await CpuMeter.for_run(conn, url, pids)
         commits_before = await _commits(conn)
         meter.start()
         mixed = await _throughput(port, conn, run, args.executions, args.clients)
@@ -537,6 +560,85 @@ def _rounded(key: str, value):
     return round(value, 6 if "_cpu_s_per_execution" in key else 2)
 
 
+async def _prepare_citus(url: str) -> int:
+    """Upgrade and distribute the database at `url` on its Citus cluster;
+    the number of its worker nodes."""
+    from app.migrate import upgrade
+
+    await upgrade(url, citus=True)
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        return await conn.fetchval(
+            "SELECT count(*) FROM pg_dist_node "
+            "WHERE groupid <> 0 AND noderole = 'primary' AND isactive")
+    finally:
+        await conn.close()
+
+
+def _run_end_to_end(url: str, args: argparse.Namespace, where: str) -> dict:
+    """The default mode's phases (1-5, and --history) on the database at
+    `url`, with an API and workers of their own, stopped before returning.
+    A failure names `where` and ends with the tail of the children's log."""
+    port = _free_port()
+    env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
+    # The children's warnings are not the result, but say why a run failed.
+    log = tempfile.TemporaryFile(mode="w+", errors="replace")  # noqa: SIM115 - closed below
+    options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
+               "env_extra": env, "log_level": "warning", "stderr": log}
+    children = spawn_children(url, workers=0, **options)
+    api = [children[0].pid]
+    auth_port = None
+    try:
+        if args.quota_executions:
+            # The quota phase's API: the same service with authentication on.
+            auth_port = _free_port()
+            children += spawn_children(url, workers=0, **{
+                **options, "port": auth_port,
+                "env_extra": {**env, "FENCEPOST_AUTH": "enabled"}})
+
+        workers: list = []
+
+        def start_workers() -> None:
+            workers.extend(spawn_children(url, workers=args.workers, api=False, **options))
+            children.extend(workers)
+
+        def stop_workers() -> None:
+            stop_children(workers)
+
+        def exited() -> str | None:
+            gone = [f"{describe(c)} exited ({c.returncode})" for c in children
+                    if c.poll() is not None]
+            return ", ".join(gone) or None
+
+        return asyncio.run(_measure(url, port, args, start_workers, auth_port, stop_workers,
+                                    lambda: (api, [w.pid for w in workers]), exited))
+    except Exception as exc:
+        log.seek(0)
+        tail = log.read()[-4000:]
+        exc.add_note(f"bench: this run was on {where}; its API's and workers' log ends:\n{tail}")
+        raise
+    finally:
+        stop_children(children)
+        log.close()
+
+
+def _run_timers(url: str, args: argparse.Namespace) -> dict:
+    from app.tools.bench_timers import run_timers
+
+    port = _free_port()
+    env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
+    options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
+               "env_extra": env, "log_level": "warning", "stderr": devnull}
+    children = spawn_children(url, workers=0, **options)
+    try:
+        children += spawn_children(url, workers=args.workers, api=False, **options)
+        return asyncio.run(run_timers(url, port, args))
+    finally:
+        stop_children(children)
+        devnull.close()
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
@@ -555,6 +657,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print("error: --queue-executions, --queue-keys and --per-key-concurrency must be "
               "positive")
         return 2
+    if args.citus_url is not None:
+        other = [flag for flag, on in (("--history", args.history), ("--timers", args.timers),
+                                       ("--queues", args.queues)) if on]
+        if other:
+            print(f"error: --citus-url measures the default mode only, not with "
+                  f"{' or '.join(other)}")
+            return 2
+    elif args.citus_first:
+        print("error: --citus-first orders the runs of --citus-url, which is not given")
+        return 2
+    citus_nodes = None
+    if args.citus_url is not None:
+        from app.citus import CitusMissing
+
+        # Before either run: a coordinator that cannot be distributed on fails
+        # the command before the plain run spent its minutes.
+        try:
+            citus_nodes = asyncio.run(_prepare_citus(args.citus_url))
+        except CitusMissing as exc:
+            print(f"error: --citus-url: {exc}")
+            return 2
     server = None
     url = settings.database_url
     if not url:
@@ -563,13 +686,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         data_dir = Path(tempfile.mkdtemp(prefix="fencepost-bench-"))
         server = start_embedded_postgres(data_dir / "pg")
         url = server.url
-    asyncio.run(upgrade(url))
+    try:
+        asyncio.run(upgrade(url))
+        if args.queues:
+            queues = _run_queues(url, args, settings)
+        elif args.timers:
+            timers = _run_timers(url, args)
+        elif args.citus_url is not None:
+            runs = [(url, "the plain database"),
+                    (args.citus_url, "the Citus database (--citus-url)")]
+            if args.citus_first:
+                runs.reverse()
+            results = [_run_end_to_end(where, args, name) for where, name in runs]
+            result, on_citus = results[::-1] if args.citus_first else results
+        else:
+            result = _run_end_to_end(url, args, "the database")
+    finally:
+        if server is not None:
+            server.stop()
     if args.queues:
-        try:
-            result = _run_queues(url, args, settings)
-        finally:
-            if server is not None:
-                server.stop()
         print(json.dumps({
             "benchmark": "fencepost",
             "mode": "queues",
@@ -583,54 +718,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             "lease_seconds": settings.lease_seconds,
             "renew_seconds": settings.renew_seconds,
             "cpus": os.cpu_count(),
-            **{k: round(v, 2) for k, v in result.items()},
+            **{k: round(v, 2) for k, v in queues.items()},
         }))
         return 0
-    port = _free_port()
-    env = {"FENCEPOST_WORKFLOWS": "app.tools.benchflows", "FENCEPOST_LOG_LEVEL": "warning"}
-    devnull = open(os.devnull, "w")  # noqa: SIM115 - children's logs are not the result
-    options = {"host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
-               "env_extra": env, "log_level": "warning", "stderr": devnull}
-    children = spawn_children(url, workers=0, **options)
-    api = [children[0].pid]
     if args.timers:
-        from app.tools.bench_timers import run_timers, timers_line
+        from app.tools.bench_timers import timers_line
 
-        try:
-            children += spawn_children(url, workers=args.workers, api=False, **options)
-            result = asyncio.run(run_timers(url, port, args))
-        finally:
-            stop_children(children)
-            devnull.close()
-            if server is not None:
-                server.stop()
-        print(json.dumps(timers_line(args, server is not None, result)))
+        print(json.dumps(timers_line(args, server is not None, timers)))
         return 0
-    auth_port = None
-    if args.quota_executions:
-        # The quota phase's API: the same service with authentication on.
-        auth_port = _free_port()
-        children += spawn_children(url, workers=0, **{
-            **options, "port": auth_port,
-            "env_extra": {**env, "FENCEPOST_AUTH": "enabled"}})
-
-    workers: list = []
-
-    def start_workers() -> None:
-        workers.extend(spawn_children(url, workers=args.workers, api=False, **options))
-        children.extend(workers)
-
-    def stop_workers() -> None:
-        stop_children(workers)
-
-    try:
-        result = asyncio.run(_measure(url, port, args, start_workers, auth_port, stop_workers,
-                                      lambda: (api, [w.pid for w in workers])))
-    finally:
-        stop_children(children)
-        devnull.close()
-        if server is not None:
-            server.stop()
     line = {
         "benchmark": "fencepost",
         "executions": args.executions,
@@ -645,6 +740,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "cpus": os.cpu_count(),
         **{k: _rounded(k, v) for k, v in result.items()},
     }
+    if args.citus_url is not None:
+        line.update({
+            "citus_first": args.citus_first,
+            "citus_nodes": citus_nodes,
+            "citus_ratio": round(on_citus["executions_per_second"]
+                                 / result["executions_per_second"], 3),
+            **{f"citus_{k}": _rounded(k, v) for k, v in on_citus.items()},
+        })
     print(json.dumps(line, sort_keys=False))
     return 0
-

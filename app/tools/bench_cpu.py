@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import asyncpg
+
+from app.db import asyncpg_dsn
 
 PROC = Path("/proc")
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -86,46 +88,93 @@ def _named_postgres(pid: int) -> bool:
 class CpuMeter:
     """CPU seconds per execution of the API, the workers and Postgres, each
     side a set of process trees read before and after a measured run.
-    Postgres is None (with `postgres_reason`) when its server is not local."""
+    Postgres is every server of the database (one, or each node of a Citus
+    cluster), summed; None (with `postgres_reason`) when any of them is not
+    local: a part of the servers' CPU would read as all of it."""
 
-    def __init__(self, api: list[int], workers: list[int], postmaster: int | None,
+    def __init__(self, api: list[int], workers: list[int], postmasters: list[int] | None,
                  postgres_reason: str | None) -> None:
         self.sides = {"api": api, "worker": workers}
-        self.postmaster = postmaster
+        self.postmasters = postmasters
         self.postgres_reason = postgres_reason
         self._before: dict[str, float] = {}
 
     @classmethod
-    def for_run(cls, conn: asyncpg.Connection, url: str,
-                pids: Callable[[], tuple[list[int], list[int]]]) -> CpuMeter:
+    async def for_run(cls, conn: asyncpg.Connection, url: str,
+                      pids: Callable[[], tuple[list[int], list[int]]]) -> CpuMeter:
         """The meter of the API and worker processes `pids()` names and of the
-        server `conn` is connected to (by `url`)."""
-        postmaster, reason = postmaster_of(conn.get_server_pid(), database_host(url))
+        servers of the database `conn` is connected to (by `url`)."""
+        postmasters, reason = await servers_of(conn, url)
         api, workers = pids()
-        return cls(api, workers, postmaster, reason)
+        return cls(api, workers, postmasters, reason)
 
     def _read(self) -> dict[str, float]:
         seconds = {side: trees_seconds(pids) for side, pids in self.sides.items()}
-        if self.postmaster is not None:
-            seconds["postgres"] = trees_seconds([self.postmaster])
+        if self.postmasters is not None:
+            seconds["postgres"] = trees_seconds(self.postmasters)
         return seconds
 
     def start(self) -> None:
         self._before = self._read()
 
-    def per_execution(self, executions: int) -> dict[str, float | str | None]:
+    def per_execution(self, executions: int) -> dict[str, float | int | str | None]:
         after = self._read()
-        fields: dict[str, float | str | None] = {
+        fields: dict[str, float | int | str | None] = {
             f"{side}_cpu_s_per_execution": (after[side] - self._before[side]) / executions
             for side in self.sides
         }
-        if self.postmaster is None:
+        if self.postmasters is None:
             fields["postgres_cpu_s_per_execution"] = None
             fields["postgres_cpu_null_reason"] = self.postgres_reason
         else:
             fields["postgres_cpu_s_per_execution"] = (
                 after["postgres"] - self._before["postgres"]) / executions
+            fields["postgres_cpu_servers"] = len(self.postmasters)
         return fields
+
+
+async def servers_of(conn: asyncpg.Connection, url: str) -> tuple[list[int] | None, str | None]:
+    """(the postmaster of each server holding the database `conn` is
+    connected to by `url`, None) or (None, why not all of them are local).
+    One server; on a Citus coordinator also each worker node in its
+    pg_dist_node, reached at the same database by a connection of its own."""
+    postmaster, reason = postmaster_of(conn.get_server_pid(), database_host(url))
+    if postmaster is None:
+        return None, reason
+    postmasters = [postmaster]
+    if not await conn.fetchval("SELECT true FROM pg_extension WHERE extname = 'citus'"):
+        return postmasters, None
+    nodes = await conn.fetch(
+        "SELECT nodename, nodeport FROM pg_dist_node "
+        "WHERE groupid <> 0 AND noderole = 'primary' AND isactive ORDER BY groupid")
+    for node in nodes:
+        where = f"{node['nodename']}:{node['nodeport']}"
+        try:
+            other = await asyncpg.connect(url_at(asyncpg_dsn(url), node["nodename"], node["nodeport"]))
+        except (OSError, asyncpg.PostgresError) as exc:
+            return None, f"Citus worker node {where} not reachable from the bench: {exc}"
+        try:
+            backend = other.get_server_pid()
+            found, reason = postmaster_of(backend, node["nodename"])
+        finally:
+            await other.close()
+        if found is None:
+            return None, f"Citus worker node {where}: {reason}"
+        # Two node entries for one server would count its CPU twice.
+        if found not in postmasters:
+            postmasters.append(found)
+    return postmasters, None
+
+
+def url_at(url: str, host: str, port: int) -> str:
+    """`url` (its user, password, database, options) on the server at host:port."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    query = urlencode([(k, v) for k, values in parse_qs(parts.query).items()
+                       if k not in ("host", "port") for v in values])
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{hostport}" if userinfo else hostport,
+                                     query=query))
 
 
 def database_host(url: str) -> str | None:
