@@ -78,6 +78,8 @@ _CREATE_TIMES_MS: list[float] = []
 # Citus: the CREATE DATABASE strategy each template is cloned with, and what choosing
 # it measured (see _faster_strategy).
 _CLONE_STRATEGY: dict[str, str] = {}
+_DROP_TIMES_MS: list[float] = []
+_BUSY_DROPS: list[str] = []  # a DROP DATABASE that had to be tried again
 _STRATEGY_CHOICE: list[str] = []
 _TESTS_DIR = Path(__file__).resolve().parent
 # Tests of the Citus bed itself: they need a cluster, and are skipped without one.
@@ -391,21 +393,47 @@ async def pg_node_admins(pg_server: TestServer,
             await conn.close()
 
 
-async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
-    await admin.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+async def _drop_database(admin: asyncpg.Connection, name: str, tries: int = 1) -> None:
+    for attempt in range(1, tries + 1):
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+            return
+        except asyncpg.ObjectInUseError as exc:
+            # A process FORCE did not end within the 5 s DROP waits (on Citus, a
+            # maintenance daemon started while the drop began): the next try stops it.
+            if attempt == tries:
+                holders = await admin.fetch(
+                    "SELECT pid, backend_type, application_name, backend_start, state "
+                    "FROM pg_stat_activity WHERE datname = $1", name)
+                raise RuntimeError(f"could not drop database {name} after {tries} tries; "
+                                   f"still connected: {[dict(h) for h in holders]}") from exc
+            _BUSY_DROPS.append(name)
 
 
 async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> None:
-    """Drop `name` on every node: the coordinator's first (its sessions hold connections
-    to the workers' copies), then the workers'. Every node is tried; the first error is
-    raised after."""
+    """Drop `name` on every node: the coordinator's first (its sessions and maintenance
+    daemon hold connections to the workers' copies), then the workers'. Every node is
+    tried; the first error is raised after."""
+    if len(admins) > 1:
+        # Citus: a connection to a copy starts that copy's maintenance daemon (and the
+        # coordinator's daemon connects to the workers' every few seconds); one starting
+        # while DROP ... FORCE ends the others keeps the database busy ("being accessed
+        # by other users" after a 5 s wait). Refused connections start none (the daemon
+        # does not bypass datallowconn).
+        for admin in admins:
+            with contextlib.suppress(asyncpg.InvalidCatalogNameError):
+                await admin.execute(
+                    f"ALTER DATABASE {_quote_ident(name)} WITH ALLOW_CONNECTIONS false")
+    tries = 3 if len(admins) > 1 else 1
+    started = time.perf_counter()
     errors: list[BaseException] = []
     try:
-        await _drop_database(admins[0], name)
+        await _drop_database(admins[0], name, tries)
     except Exception as exc:
         errors.append(exc)
-    results = await asyncio.gather(*(_drop_database(a, name) for a in admins[1:]),
+    results = await asyncio.gather(*(_drop_database(a, name, tries) for a in admins[1:]),
                                    return_exceptions=True)
+    _DROP_TIMES_MS.append((time.perf_counter() - started) * 1000)
     errors.extend(r for r in results if isinstance(r, BaseException))
     if errors:
         raise errors[0]
@@ -521,9 +549,13 @@ async def template_database(pg_server: TestServer,
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def empty_template_database(
-        pg_server: TestServer, pg_node_admins: list[asyncpg.Connection]) -> AsyncIterator[str]:
-    """Citus only: the template of empty_database_url, a Citus cluster of its own with
-    no schema."""
+        pg_server: TestServer,
+        pg_node_admins: list[asyncpg.Connection]) -> AsyncIterator[str | None]:
+    """On Citus, the template of empty_database_url: a Citus cluster of its own with no
+    schema. None elsewhere (empty_database_url is then a copy of template0)."""
+    if pg_server.kind != "citus":
+        yield None
+        return
     name = f"fencepost_empty_{uuid.uuid4().hex[:12]}"
     try:
         await _make_citus_database(pg_server, pg_node_admins, name)
@@ -573,10 +605,9 @@ async def make_database_url(pg_server: TestServer, pg_node_admins: list[asyncpg.
 
 @pytest_asyncio.fixture
 async def empty_database_url(pg_server: TestServer, pg_node_admins: list[asyncpg.Connection],
-                             request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    if pg_server.kind == "citus":
-        template = request.getfixturevalue("empty_template_database")
-        name = await _fresh_database(pg_server, pg_node_admins, template)
+                             empty_template_database: str | None) -> AsyncIterator[str]:
+    if empty_template_database is not None:
+        name = await _fresh_database(pg_server, pg_node_admins, empty_template_database)
     else:
         name = f"t_{uuid.uuid4().hex}"
         await _create_everywhere(pg_node_admins, name, "template0")
@@ -633,6 +664,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             f"median {statistics.median(_CREATE_TIMES_MS):.1f} ms, "
             f"max {max(_CREATE_TIMES_MS):.1f} ms"
         )
+    if _DROP_TIMES_MS and citus_mode():
+        terminalreporter.write_line(
+            f"databases: {len(_DROP_TIMES_MS)} dropped on every Citus node, median "
+            f"{statistics.median(_DROP_TIMES_MS):.1f} ms, max {max(_DROP_TIMES_MS):.1f} ms, "
+            f"{len(_BUSY_DROPS)} tried again (busy)")
     deselected = config.stash.get(_DESELECTED_FOR_CITUS, 0)
     if deselected:
         terminalreporter.write_line(

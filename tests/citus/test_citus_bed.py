@@ -101,3 +101,16 @@ async def test_two_test_databases_share_nothing(
     assert await _copies_on_each_node(pg_server, other_url, "only-in-first") == {}
     first = await _copies_on_each_node(pg_server, database_url, "only-in-first")
     assert sum(sum(c.values()) for c in first.values()) == 1
+
+
+async def test_an_empty_database_is_a_cluster_without_the_schema(
+        pg_server: TestServer, empty_database_url: str) -> None:
+    nodes = await _fetch(empty_database_url,
+                         "SELECT nodename, nodeport FROM pg_dist_node ORDER BY groupid")
+    assert [(r["nodename"], r["nodeport"]) for r in nodes] == pg_server.citus_nodes
+    database = empty_database_url.rsplit("/", 1)[1]
+    for admin_url in pg_server.nodes:
+        rows = await _fetch(with_database(admin_url, database),
+                            "SELECT to_regclass('executions') AS t, "
+                            "(SELECT extname FROM pg_extension WHERE extname = 'citus') AS e")
+        assert (rows[0]["t"], rows[0]["e"]) == (None, "citus")
