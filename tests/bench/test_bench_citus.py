@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from app.tools.bench_cpu import url_at
+from app.tools.bench_cpu import servers_of, url_at
 from tests.bench.test_bench import bench
 from tests.bench.test_bench_measures import _line
 from tests.conftest import with_database
@@ -164,6 +164,48 @@ async def test_bench_citus_url_prints_plain_and_citus_figures(
     assert distributed["method"] == "h", dict(distributed)
     # In the order asked for.
     assert (citus["first"] < plain["first"]) is citus_first, (dict(plain), dict(citus))
+
+
+async def _postmaster_pid(url: str) -> int | None:
+    """The postmaster of the server at `url` as its data directory's
+    postmaster.pid says; None when that directory is not on this machine."""
+    conn = await asyncpg.connect(url)
+    try:
+        directory = await conn.fetchval("SHOW data_directory")
+    finally:
+        await conn.close()
+    try:
+        with open(os.path.join(directory, "postmaster.pid")) as f:
+            return int(f.readline())
+    except OSError:
+        return None
+
+
+async def test_postgres_cpu_on_citus_covers_the_coordinator_and_every_worker(
+        citus_database_url: str, database_url: str) -> None:
+    conn = await asyncpg.connect(citus_database_url)
+    try:
+        nodes = await conn.fetch(
+            "SELECT nodename, nodeport FROM pg_dist_node "
+            "WHERE groupid <> 0 AND noderole = 'primary' AND isactive ORDER BY groupid")
+        postmasters, reason = await servers_of(conn, citus_database_url)
+    finally:
+        await conn.close()
+    expected = [await _postmaster_pid(citus_database_url)] + [
+        await _postmaster_pid(url_at(citus_database_url, n["nodename"], n["nodeport"]))
+        for n in nodes]
+    if None in expected:  # a node not on this machine: no figure, and why
+        assert postmasters is None and reason, (postmasters, reason)
+    else:
+        assert (postmasters, reason) == (expected, None)
+        assert len(set(expected)) == len(nodes) + 1
+    # A plain database: its one server.
+    conn = await asyncpg.connect(database_url)
+    try:
+        plain = await servers_of(conn, database_url)
+    finally:
+        await conn.close()
+    assert plain == ([await _postmaster_pid(database_url)], None)
 
 
 @pytest.mark.parametrize("flags", [("--history", "5"), ("--timers", "2"), ("--queues",)])
