@@ -575,6 +575,28 @@ async def _prepare_citus(url: str) -> int:
         await conn.close()
 
 
+def _log_summary(text: str, records: int = 20) -> str:
+    """The last `records` records of the children's log, one line each: a
+    JSON record as `level logger: event`, a traceback in it by its last line
+    (the exception); other lines as they are."""
+    lines = []
+    for raw in text.splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            lines.append(raw)
+            continue
+        event = str(record.get("event", "")).strip().splitlines() or [""]
+        exception = str(record.get("exception", "")).strip().splitlines()
+        last = (exception or event)[-1]
+        head = event[0] if len(event) == 1 or exception else "traceback ending"
+        text_of = head if head == last else f"{head}: {last}"
+        lines.append(f"{record.get('level', '?')} {record.get('logger', '?')}: {text_of}")
+    return "\n".join(lines[-records:])
+
+
 def _run_end_to_end(url: str, args: argparse.Namespace, where: str) -> dict:
     """The default mode's phases (1-5, and --history) on the database at
     `url`, with an API and workers of their own, stopped before returning.
@@ -614,8 +636,8 @@ def _run_end_to_end(url: str, args: argparse.Namespace, where: str) -> dict:
                                     lambda: (api, [w.pid for w in workers]), exited))
     except Exception as exc:
         log.seek(0)
-        tail = log.read()[-4000:]
-        exc.add_note(f"bench: this run was on {where}; its API's and workers' log ends:\n{tail}")
+        exc.add_note(f"bench: this run was on {where}; its API's and workers' log ends:\n"
+                     + _log_summary(log.read()))
         raise
     finally:
         stop_children(children)
