@@ -15,13 +15,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 import asyncpg
 
 from app.dberrors import is_infrastructure
+from app.store.buckets import bucket_of
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
+from app.store.on_shard import OnShard
+from app.store.placement import Placement, placement_of
 from app.store.retry import RetryingPool
 from app.store.types import NOTIFY_CHANNEL, Admitted, Conflict, InvalidEvent
 
@@ -103,31 +107,27 @@ def _admission_sql(requests: str) -> str:
                jsonb_strip_nulls(jsonb_build_object('workflowId', r.workflow_id,
                                                     'requestId', r.request_id))
         FROM ins JOIN r USING (execution_id)
-    ), new_queue AS (
-        -- Claims read the queues table: every execution's queue is in it.
-        INSERT INTO queues (name)
-        SELECT DISTINCT ins.queue FROM ins
-        WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = ins.queue)
-        ORDER BY 1
-        ON CONFLICT DO NOTHING
     )
     -- NOTIFY is delivered on commit, so idle workers start at once.
-    SELECT r.ord, ins.execution_id, ins.status, pg_notify('{NOTIFY_CHANNEL}', '')
+    SELECT r.ord, ins.execution_id, ins.status,
+           pg_notify('{NOTIFY_CHANNEL}', '') IS NULL AS notified
     FROM ins JOIN r USING (execution_id)
     """
 
 
+_ANSWER = (("ord", "bigint"), ("execution_id", "text"), ("status", "text"),
+           ("notified", "boolean"))
 # One request: its values as parameters $1..$15.
-_ADMIT_ONE = _admission_sql(
+_ADMIT_ONE = OnShard("admit", _admission_sql(
     "SELECT " + ", ".join(f"${i}::{t} AS {c}" for i, (c, t)
                           in enumerate(zip(_COLUMNS, _COLUMN_TYPES, strict=True), 1))
-    + ", 1::bigint AS ord")
+    + ", 1::bigint AS ord"), _COLUMN_TYPES, _ANSWER)
 # A batch: one array per column, but a JSON column's values travel as one
 # JSON array (encoded, and refused, exactly as a single value is), the
 # request's own picked by position. Of requests sharing an ID only the first
 # is here; the others are answered alone, after it, as any request for a
 # taken ID is.
-_ADMIT_BATCH = _admission_sql(
+_ADMIT_BATCH = OnShard("admit_batch", _admission_sql(
     "SELECT DISTINCT ON (u.execution_id) "
     + ", ".join(f"${i}::jsonb -> (u.ord - 1)::int AS {c}" if t == "jsonb" else f"u.{c}"
                 for i, (c, t) in enumerate(zip(_COLUMNS, _COLUMN_TYPES, strict=True), 1))
@@ -135,7 +135,8 @@ _ADMIT_BATCH = _admission_sql(
     + ", ".join(f"${i}::{t}[]" for i, t in enumerate(_COLUMN_TYPES, 1) if t != "jsonb")
     + ") WITH ORDINALITY AS u("
     + ", ".join(c for c, t in zip(_COLUMNS, _COLUMN_TYPES, strict=True) if t != "jsonb")
-    + ", ord) ORDER BY u.execution_id, u.ord")
+    + ", ord) ORDER BY u.execution_id, u.ord"),
+    tuple("jsonb" if t == "jsonb" else f"{t}[]" for t in _COLUMN_TYPES), _ANSWER)
 
 # What a value Postgres cannot store raises: NaN/Infinity (the encoder
 # refuses them), \u0000 and lone surrogates (jsonb and text refuse them).
@@ -202,17 +203,19 @@ class Admissions(StoreObject):
         and nothing is stored: then every request is admitted alone, so only
         that one request's answer is the error. A failing database is every
         request's error."""
-        columns = [[getattr(r, c) for r in requests] for c in _COLUMNS]
         try:
-            rows = await self.db.fetch(_ADMIT_BATCH, *columns)
+            await self._queues_exist({r.queue for r in requests})
+            rows = await (await self._placement()).per_shard(
+                requests, lambda r: r.execution_id,
+                partial(self._admit_part), concurrently=True)
         except Exception as exc:
             if is_infrastructure(exc):  # the database failing: every request's answer
                 raise
             # Anything else may be one request's own (an unstorable value,
             # a key too long for its index): each is answered alone.
             return [None] * len(requests)
-        admitted = {row["ord"]: Admitted(row["execution_id"], row["status"]) for row in rows}
-        return [admitted.get(ord_) for ord_ in range(1, len(requests) + 1)]
+        return [None if row is None else Admitted(row["execution_id"], row["status"])
+                for row in rows]
 
     async def _admit_alone(self, request: _Request,
                            if_exists: Literal["error", "return"]) -> Admitted | Conflict | Existing:
@@ -221,14 +224,17 @@ class Admissions(StoreObject):
         refused and then found free (its row deleted, without a tombstone, in
         between) is tried again: three tries in all."""
         args = [getattr(request, c) for c in _COLUMNS]
+        placement = await self._placement()
+        bucket = bucket_of(request.execution_id) if placement.distributed else None
         for _ in range(3):
             try:
-                row = await self.db.fetchrow(_ADMIT_ONE, *args)
+                await self._queues_exist({request.queue})
+                rows = await _ADMIT_ONE.fetch(self.db, bucket, *args)
             except _UNSTORABLE as exc:
                 # Nothing was stored.
                 raise InvalidEvent(str(exc)) from exc
-            if row is not None:
-                return Admitted(row["execution_id"], row["status"])
+            if rows:
+                return Admitted(rows[0]["execution_id"], rows[0]["status"])
             holder = await self._id_holder(request.execution_id, request.workflow_id,
                                            request.params)
             if isinstance(holder, Existing) and if_exists == "error":
@@ -238,6 +244,28 @@ class Admissions(StoreObject):
             # Seen, then deleted before this read without a tombstone: again.
         raise RuntimeError(f"admission of {request.execution_id!r} found the ID taken and "
                            "then free, three times")
+
+    async def _admit_part(self, requests: list[_Request],
+                          bucket: int | None) -> list[asyncpg.Record | None]:
+        """The batch statement over `requests` (all on one shard, of `bucket`,
+        on Citus): each request's row if it was admitted, else None."""
+        rows = await _ADMIT_BATCH.fetch(
+            self.db, bucket, *[[getattr(r, c) for r in requests] for c in _COLUMNS])
+        by_ord = {row["ord"]: row for row in rows}
+        return [by_ord.get(n) for n in range(1, len(requests) + 1)]
+
+    async def _placement(self) -> Placement:
+        return await placement_of(self.db, self.config.placement)
+
+    async def _queues_exist(self, names: set[str]) -> None:
+        """Claims read the queues table: every execution's queue is in it,
+        before the execution is (a row of its own, made once, remembered)."""
+        known = self.config.placement.queues
+        new = sorted(names - known)
+        if new:
+            await self.db.execute(
+                "INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", new)
+            known.update(new)
 
     async def _id_holder(self, execution_id: str, workflow_id: str,
                          params: Any) -> Conflict | Existing | None:

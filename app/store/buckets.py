@@ -20,3 +20,11 @@ def bucket_of(execution_id: str) -> int:
     (the low 31 bits of the first 32 of the md5 of its UTF-8 bytes, modulo BUCKETS)."""
     first = int(md5(execution_id.encode("utf-8"), usedforsecurity=False).hexdigest()[:8], 16)
     return (first & 0x7FFFFFFF) % BUCKETS
+
+# The tables holding the rows of one execution, each with its `bucket`
+# (executions first: the others reference it).
+PER_EXECUTION = (
+    "executions", "execution_steps", "execution_events", "late_observations",
+    "retired_executions", "signals", "effects", "attempt_history", "superseded_steps",
+    "watched_executions",
+)

@@ -107,7 +107,7 @@ class Compose(StoreObject):
                                                 check_value=check_value, position=position)
         except LeaseLost:
             # Recorded after the refused transaction rolled back.
-            raise await rejected(self.db, lease, step_key) from None
+            raise await rejected(self, lease, step_key) from None
 
     async def _transaction_step(
         self,
@@ -304,7 +304,7 @@ class Compose(StoreObject):
                 raise InvalidEvent(f"child params: {exc}") from exc
             assert row is not None  # the statement always returns its row
             if not row["fenced"]:
-                raise await rejected(self.db, lease, step_key)
+                raise await rejected(self, lease, step_key)
             if row["cancelling"]:
                 return "parent_cancelling", ChildExecution(child_id)
             if row["started"]:

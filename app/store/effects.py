@@ -65,7 +65,7 @@ class Effects(StoreObject):
         )
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
         if row["status"] is not None:
             return EffectAttempt(step_key, row["idempotency_key"], row["status"], row["token"],
                                  row["attempts"], True, row["interrupt"])
@@ -109,7 +109,7 @@ class Effects(StoreObject):
         )
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
 
     async def park_outcome_unknown(self, lease: Lease, step_key: str) -> str:
         """End the delivery by parking the execution: the effect's outcome is
@@ -180,7 +180,7 @@ class Effects(StoreObject):
             detail,
         )
         if row is None:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
         status: str = row["status"]
         METRICS.ended([status], park_reason=reason)
         return status

@@ -12,7 +12,10 @@ the holder made no write, it learns it must stop.
 
 from __future__ import annotations
 
-from app.store.handle import Handle
+from app.store.buckets import bucket_of
+from app.store.handle import StoreObject
+from app.store.on_shard import OnShard
+from app.store.placement import placement_of
 from app.store.types import Lease, LeaseLost
 
 
@@ -27,18 +30,19 @@ def interrupt_at(now: str) -> str:
 INTERRUPT_SQL = interrupt_at("now()")
 
 
-async def rejected(db: Handle, lease: Lease, step_key: str | None = None) -> LeaseLost:
+_REJECTED = OnShard("fenced_write_rejected", """
+INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
+VALUES ($1, fencepost_bucket($1), 'fenced_write_rejected', $2,
+        jsonb_build_object('stepKey', $3::text))
+RETURNING event_id
+""", ("text", "bigint", "text"), (("event_id", "bigint"),))
+
+
+async def rejected(store: StoreObject, lease: Lease, step_key: str | None = None) -> LeaseLost:
     """Record that a write under `lease` was refused by the fence and return
     the LeaseLost to raise. `step_key`: the step the write was for (None for
     the writes that end a delivery: acknowledge, release)."""
-    await db.execute(
-        """
-        INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-        VALUES ($1, fencepost_bucket($1), 'fenced_write_rejected', $2,
-                jsonb_build_object('stepKey', $3::text))
-        """,
-        lease.execution_id,
-        lease.token,
-        step_key,
-    )
+    placement = await placement_of(store.db, store.config.placement)
+    await _REJECTED.fetch(store.db, bucket_of(lease.execution_id) if placement.distributed
+                          else None, lease.execution_id, lease.token, step_key)
     return LeaseLost(lease.execution_id, lease.token)

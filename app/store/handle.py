@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
@@ -88,15 +88,27 @@ class ConnectionHandle:
         yield self.conn
 
 
+@dataclass
+class PlacementCache:
+    """What a store learns once and shares with its transactions' store
+    objects: where the buckets live (app/store/placement.py), and the queues
+    known to exist (queues are never deleted)."""
+
+    placement: Any = None
+    queues: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """The settings statements read (every process agrees on them: they are
     shared settings): the redelivery delay's base and cap, and the poison
-    threshold (unacknowledged deliveries in a row that park an execution)."""
+    threshold (unacknowledged deliveries in a row that park an execution).
+    `placement`: where the buckets live, read at first need."""
 
     redelivery_base: float = 1.0
     redelivery_cap: float = 300.0
     max_unacknowledged: int = 25
+    placement: PlacementCache = field(default_factory=PlacementCache, compare=False)
 
 
 class StoreObject:

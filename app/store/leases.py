@@ -280,7 +280,7 @@ class Leases(StoreObject):
         """
         if limit <= 0:
             return Claimed([], None)
-        placement = await placement_of(self.db)
+        placement = await placement_of(self.db, self.config.placement)
         if not placement.distributed:
             return await self._claim(limit, duration, owner, workflow_ids, cleanup_seconds,
                                      versions, None)
@@ -717,7 +717,7 @@ class Leases(StoreObject):
             settled = await self.db.run_in_transaction(end)
         except LeaseLost:
             # Recorded after the rollback of the refused release.
-            raise await rejected(self.db, lease) from None
+            raise await rejected(self, lease) from None
         METRICS.ended(settled.values())
         return settled.get(lease.execution_id)
 
@@ -857,7 +857,7 @@ class Leases(StoreObject):
                         and found["status"] in TERMINAL_STATUSES):
                     answers[i] = Acknowledged(found["status"], found["outcome"])
                 else:
-                    answers[i] = await rejected(self.db, lease)
+                    answers[i] = await rejected(self, lease)
         for i in later:
             answers[i] = SEND_ALONE
         self.sent_alone += len(later)

@@ -12,10 +12,16 @@ does not starve the others.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar, cast
 
-from app.store.buckets import BUCKETS
+from app.store.buckets import BUCKETS, bucket_of
+from app.store.handle import PlacementCache
+
+T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,35 @@ class Placement:
     @property
     def distributed(self) -> bool:
         return bool(self.groups)
+
+    @cached_property
+    def group_of(self) -> dict[int, int]:
+        """Each bucket's group (index in `groups`)."""
+        return {b: i for i, group in enumerate(self.groups) for b in group}
+
+    async def per_shard(self, items: Sequence[T], execution_id: Callable[[T], str],
+                        run: Callable[[list[T], int | None], Awaitable[list[A]]], *,
+                        concurrently: bool = False) -> list[A]:
+        """`run(items, None)` on one Postgres; on Citus `run(part, bucket)` for
+        the items of each shard (`bucket`: one of that shard's): one shard
+        after the other, or all at once (`concurrently`: on a pool, each on a
+        connection of its own); the answers in the items' order either way."""
+        if not self.distributed:
+            return await run(list(items), None)
+        parts: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            parts.setdefault(self.group_of[bucket_of(execution_id(item))], []).append(i)
+        answers: list[A | None] = [None] * len(items)
+        calls = [(indexes, run([items[i] for i in indexes], self.groups[group][0]))
+                 for group, indexes in parts.items()]
+        if concurrently:
+            results = await asyncio.gather(*(call for _, call in calls))
+        else:
+            results = [await call for _, call in calls]
+        for (indexes, _), got in zip(calls, results, strict=True):
+            for i, answer in zip(indexes, got, strict=True):
+                answers[i] = answer
+        return cast("list[A]", answers)
 
 
 SINGLE_NODE = Placement()
@@ -55,17 +90,11 @@ async def read_placement(db: Any) -> Placement:
     return Placement(tuple(tuple(r["buckets"]) for r in rows))
 
 
-async def placement_of(db: Any) -> Placement:
-    """The placement behind a store handle, read once per pool (cached on it)
-    and on every call for a connection handle (it is rare there)."""
-    cached: Placement | None = getattr(db, "_fencepost_placement", None)
-    if cached is not None:
-        return cached
-    placement = await read_placement(db)
-    try:
-        db._fencepost_placement = placement
-    except AttributeError:  # a handle that takes no attributes: read again next time
-        pass
+async def placement_of(db: Any, cache: PlacementCache) -> Placement:
+    """The placement behind a store (read once, kept in its config's cache)."""
+    if cache.placement is None:
+        cache.placement = await read_placement(db)
+    placement: Placement = cache.placement
     return placement
 
 

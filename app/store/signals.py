@@ -240,7 +240,7 @@ class Signals(StoreObject):
         )
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
         if row["step_key"] is not None:
             return step_record(row, row["interrupt"])
         if row["already"]:

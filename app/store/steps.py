@@ -17,6 +17,8 @@ from app.dberrors import is_infrastructure
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
+from app.store.on_shard import OnShard
+from app.store.placement import SINGLE_NODE, Placement, placement_of
 from app.store.retry import RetryingPool
 from app.store.types import (
     InvalidEvent,
@@ -273,20 +275,31 @@ def _statements(template: str) -> dict[bool, str]:
         skipped=_SKIPPED) for skip_locked in (False, True)}
 
 
-_WRITE_STEPS_BY_SKIP = _statements(_WRITE_STEPS)
+_STEP_ANSWER = (("fenced", "boolean"), ("interrupt", "text"), ("step_key", "text"),
+                ("status", "text"), ("value", "jsonb"), ("error", "jsonb"),
+                ("function_name", "text"), ("attempts", "integer"), ("token", "bigint"),
+                ("recorded_at", "timestamptz"), ("skipped", "boolean"))
+_WRITE_STEPS_BY_SKIP = {
+    skip: OnShard(f"write_steps{'_skip_locked' if skip else ''}", sql,
+                  ("text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "text[]",
+                   "integer[]", "integer[]"), _STEP_ANSWER)
+    for skip, sql in _statements(_WRITE_STEPS).items()}
 _RECORD_TIMERS_BY_SKIP = _statements(_RECORD_TIMERS)
 
 # Steps already recorded, by (execution, key): a statement of its own, after
 # the write's, so a step recorded concurrently after the write's snapshot is
 # read too.
-_RECORDED_STEPS = """
+_RECORDED_STEPS = OnShard("recorded_steps", """
 SELECT s.execution_id, s.step_key, s.status, s.value, s.error, s.function_name, s.attempts,
        s.token, s.recorded_at
 FROM unnest($1::text[], $2::text[]) AS k(execution_id, step_key)
 JOIN execution_steps s
   ON s.execution_id = k.execution_id AND s.bucket = fencepost_bucket(k.execution_id)
  AND s.step_key = k.step_key
-"""
+""", ("text[]", "text[]"), (
+    ("execution_id", "text"), ("step_key", "text"), ("status", "text"), ("value", "jsonb"),
+    ("error", "jsonb"), ("function_name", "text"), ("attempts", "integer"),
+    ("token", "bigint"), ("recorded_at", "timestamptz")))
 
 
 def _json(value: Any) -> str | None:
@@ -295,13 +308,23 @@ def _json(value: Any) -> str | None:
 
 
 async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
-                      skip_locked: bool = False) -> list[StepWritten]:
+                      skip_locked: bool = False,
+                      placement: Placement = SINGLE_NODE) -> list[StepWritten]:
     """Record `writes` in one statement (_WRITE_STEPS); one answer per write,
     in order. A value Postgres cannot store raises (_UNSTORABLE), and then
     nothing of the batch was written. `skip_locked`: writes whose execution
-    row another transaction holds are answered `skipped`, not waited for."""
-    rows = await db.fetch(
-        _WRITE_STEPS_BY_SKIP[skip_locked],
+    row another transaction holds are answered `skipped`, not waited for.
+    On Citus: one statement per shard the writes are in, each on its shard."""
+    return await placement.per_shard(
+        writes, lambda w: w.lease.execution_id,
+        lambda part, bucket: _write_steps(db, part, skip_locked, bucket),
+        concurrently=isinstance(db, RetryingPool))
+
+
+async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: bool,
+                       bucket: int | None) -> list[StepWritten]:
+    rows = await _WRITE_STEPS_BY_SKIP[skip_locked].fetch(
+        db, bucket,
         [w.lease.execution_id for w in writes],
         [w.lease.token for w in writes],
         [w.step_key for w in writes],
@@ -319,7 +342,8 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
              if row["fenced"] and row["step_key"] is None]
     recorded: dict[tuple[str, str], asyncpg.Record] = {}
     if known:
-        found = await db.fetch(_RECORDED_STEPS, [k[0] for k in known], [k[1] for k in known])
+        found = await _RECORDED_STEPS.fetch(db, bucket, [k[0] for k in known],
+                                            [k[1] for k in known])
         recorded = {(r["execution_id"], r["step_key"]): r for r in found}
     answers = []
     for w, row in zip(writes, rows, strict=True):
@@ -477,13 +501,18 @@ class Steps(StoreObject):
             self.step_writes = GroupCommit(self.flush_step_writes)
             self.timer_writes = GroupCommit(self.flush_timers)
 
+    async def _write_steps(self, writes: Sequence[StepWrite], *,
+                           skip_locked: bool = False) -> list[StepWritten]:
+        return await write_steps(self.db, writes, skip_locked=skip_locked,
+                                 placement=await placement_of(self.db, self.config.placement))
+
     async def flush_step_writes(
             self, submitted: list[Submitted[StepWrite, StepWritten]],
     ) -> list[StepWritten | Later[StepWritten] | BaseException]:
         """One batch of step writes (the group commit's flush)."""
         answers = await batch_or_each_alone(
-            partial(write_steps, self.db, skip_locked=True), [s.write for s in submitted])
-        return self.later_if_skipped(partial(write_steps, self.db), submitted, answers)
+            partial(self._write_steps, skip_locked=True), [s.write for s in submitted])
+        return self.later_if_skipped(self._write_steps, submitted, answers)
 
     async def flush_timers(
             self, submitted: list[Submitted[TimerWrite, TimerWritten]],
@@ -563,13 +592,13 @@ class Steps(StoreObject):
             write = StepWrite(lease, step_key, "failed" if error is not None else "completed",
                               _json(value), _json(error), function_name, attempts, position)
             if self.step_writes is None:
-                [written] = await write_steps(self.db, [write])
+                [written] = await self._write_steps([write])
             else:
                 written = await _submit(self.step_writes, write)
         except _UNSTORABLE as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
         if not written.fenced:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
         assert written.record is not None  # fenced: recorded, now or before
         return written.record
 
@@ -639,7 +668,7 @@ class Steps(StoreObject):
         else:
             written = await _submit(self.timer_writes, timer)
         if not written.fenced:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
         wake_at = written.wake_at
         if wake_at is None:  # recorded after the statement's snapshot
             wake_at = await self.db.fetchval(
@@ -699,5 +728,5 @@ class Steps(StoreObject):
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
         assert row is not None  # the statement always returns its row
         if not row["fenced"]:
-            raise await rejected(self.db, lease, step_key)
+            raise await rejected(self, lease, step_key)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from app.store import ExecutionStore
 from app.store.buckets import BUCKETS, bucket_of
 from app.store.placement import ClaimRotation, Placement
 from tests.support.admission import admit
@@ -29,25 +32,34 @@ def _ids_in(group: int, n: int, prefix: str) -> list[str]:
 
 
 def _force(store, placement: Placement) -> None:
-    store.pool._fencepost_placement = placement
+    """Claims of `store` see `placement` (admissions go through `plain`, a
+    store of its own on the same database: on one Postgres the functions a
+    Citus placement would call do not exist)."""
+    store.config.placement.placement = placement
 
 
-async def test_a_group_claim_takes_only_its_buckets(store):
+@pytest.fixture
+def plain(pool) -> ExecutionStore:
+    return ExecutionStore(pool)
+
+
+async def test_a_group_claim_takes_only_its_buckets(store, plain):
     _force(store, TWO)
     even, odd = _ids_in(0, 3, "e"), _ids_in(1, 3, "o")
     for eid in even + odd:
-        await admit(store, "wf", eid)
+        await admit(plain, "wf", eid)
     one = await store.leases._claim(10, 30, "w", None, None, None, TWO.groups[1])
     assert sorted(d.lease.execution_id for d in one) == sorted(odd)
     rest = await store.leases.claim_due(10, 30, "w")
     assert sorted(d.lease.execution_id for d in rest) == sorted(even)
 
 
-async def test_a_claim_visits_groups_until_its_limit_and_starts_one_further_each_time(store):
+async def test_a_claim_visits_groups_until_its_limit_and_starts_one_further_each_time(
+        store, plain):
     _force(store, TWO)
     even, odd = _ids_in(0, 4, "e"), _ids_in(1, 4, "o")
     for eid in even + odd:
-        await admit(store, "wf", eid)
+        await admit(plain, "wf", eid)
     first = [d.lease.execution_id for d in await store.leases.claim_due(3, 30, "w")]
     second = [d.lease.execution_id for d in await store.leases.claim_due(3, 30, "w")]
     # Each claim filled its limit from its first group; the second started at the other one.
@@ -57,19 +69,19 @@ async def test_a_claim_visits_groups_until_its_limit_and_starts_one_further_each
     assert sorted(first + second + third) == sorted(even + odd)
 
 
-async def test_idle_groups_are_skipped_until_due_or_woken(store, pool):
+async def test_idle_groups_are_skipped_until_due_or_woken(store, plain, pool):
     _force(store, TWO)
     assert await store.leases.claim_due(10, 30, "w") == []
     # Both groups were found idle: an admission now is not looked for ...
     late = _ids_in(1, 1, "late")[0]
-    await admit(store, "wf", late)
+    await admit(plain, "wf", late)
     assert await store.leases.claim_due(10, 30, "w") == []
     # ... until a wake-up (a NOTIFY reached the worker) ...
     store.leases.wake_claims()
     assert [d.lease.execution_id for d in await store.leases.claim_due(10, 30, "w")] == [late]
     # ... or the group's next due time comes, as its last claim told.
     timer = _ids_in(0, 1, "timer")[0]
-    await admit(store, "wf", timer)
+    await admit(plain, "wf", timer)
     await backdate_due(pool, timer, -0.3)  # due in 0.3 s
     store.leases.wake_claims()
     claimed = await store.leases.claim_due(10, 30, "w")

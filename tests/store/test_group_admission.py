@@ -22,6 +22,7 @@ import pytest
 
 from app.store import Admitted, Conflict, ExecutionStore, Existing, InvalidEvent
 from app.store.group_commit import GroupCommit
+from tests.support.races import StatementGate
 from tests.support.waiting import wait_until
 
 
@@ -233,33 +234,29 @@ async def test_a_batch_refuses_taken_and_retired_ids_and_returns_equal_admission
 
 
 async def test_an_id_held_by_another_batch_still_in_flight_is_a_conflict(
-        store: ExecutionStore, pool: asyncpg.Pool, open_pool) -> None:
-    """Forced: the first batch has inserted the ID but cannot commit (it waits
-    for a queue name another transaction inserted and holds); a second batch
-    with the same ID waits for it, inserts nothing, and its caller is answered
-    alone: Conflict, once the first has committed."""
+        store: ExecutionStore, pool: asyncpg.Pool) -> None:
+    """Forced: the first batch has inserted the ID but cannot commit (a gate
+    holds it at its 'admitted' event); a second batch with the same ID waits
+    for it, inserts nothing, and its caller is answered alone: Conflict,
+    once the first has committed."""
     batches = spy_batches(store)
-    holder = await open_pool()
-    async with holder.acquire() as conn:
-        tx = conn.transaction()
-        await tx.start()
-        await conn.execute("INSERT INTO queues (name) VALUES ('ga-held')")
+    async with StatementGate(pool, "execution_events",
+                             "NEW.kind = 'admitted' AND NEW.execution_id = 'ga-inflight'") as gate:
         first = asyncio.create_task(store.admissions.admit(
-            workflow_id="ga-wf", params={}, execution_id="ga-inflight", queue="ga-held"))
+            workflow_id="ga-wf", params={}, execution_id="ga-inflight"))
+        await gate.until_held()
 
-        async def waiting(n: int) -> bool:
+        async def waiting_for_the_first() -> bool:
             return await pool.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'") >= n
+                "AND wait_event_type = 'Lock' AND wait_event = 'transactionid'") >= 1
 
-        await wait_until(lambda: waiting(1), timeout=10, interval=0.01,
-                         what="the first batch waiting for the queue")
         second = asyncio.create_task(store.admissions.admit(
             workflow_id="ga-wf", params={}, execution_id="ga-inflight"))
-        await wait_until(lambda: waiting(2), timeout=10, interval=0.01,
+        await wait_until(waiting_for_the_first, timeout=10, interval=0.01,
                          what="the second batch waiting for the first")
         assert batches == [["ga-inflight"], ["ga-inflight"]]  # two statements in flight
-        await tx.rollback()
+        await gate.open()
     assert await first == Admitted("ga-inflight", "admitted")
     assert await second == Conflict("ga-inflight", "admitted", "ga-wf")
     assert await pool.fetchval(

@@ -1,0 +1,101 @@
+"""Statements that run where their rows are: one round trip to the node that
+owns them, the whole statement in one local transaction there.
+
+On one Postgres an `OnShard` statement is sent as it is written. On Citus
+the same text runs inside a function (`fencepost_on_shard_<name>`, created by
+`fencepost migrate --citus`) that Citus delegates, by its first argument (a
+bucket), to the node holding that bucket's shard, co-located with the
+executions. There the function runs the statement against that shard's
+tables themselves, as plain PostgreSQL: nothing of it is planned by Citus, so
+what Citus refuses in a distributed statement (several modifying CTEs, now()
+inside CASE, STABLE functions over columns in an UPDATE, RETURNING now(),
+FOR SHARE over several rows) is allowed, and the fence (the token check and
+the write under the row's lock) stays one statement on one node. Every row
+the statement touches must be in buckets of that one shard: callers split a
+batch by shard group (`Placement.group_of`).
+
+The statement's per-execution tables are found by name (FROM/JOIN/INTO/UPDATE
+followed by one of PER_EXECUTION); its parameters are $1..$n, typed by
+`params`; its answer's columns by `columns` (a test checks both against what
+Postgres describes for the plain statement).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from app.store.buckets import PER_EXECUTION
+
+_TABLE_REF = re.compile(
+    r"\b(FROM|JOIN|INTO|UPDATE)(\s+)(" + "|".join(PER_EXECUTION) + r")\b")
+
+# The shard of `table` that holds `bucket` (a relation name on the node the
+# function was delegated to).
+SHARD_FUNCTION = """
+CREATE OR REPLACE FUNCTION fencepost_shard(table_name text, bucket smallint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT shard_name(table_name::regclass,
+                      get_shard_id_for_distribution_column(table_name, bucket))
+$$
+"""
+
+REGISTRY: dict[str, OnShard] = {}
+
+
+@dataclass(frozen=True)
+class OnShard:
+    name: str
+    sql: str
+    params: tuple[str, ...]
+    columns: tuple[tuple[str, str], ...]
+    tables: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        found = tuple(sorted({m.group(3) for m in _TABLE_REF.finditer(self.sql)}))
+        if not found:
+            raise ValueError(f"{self.name}: names no per-execution table")
+        object.__setattr__(self, "tables", found)
+        if REGISTRY.setdefault(self.name, self) is not self:
+            raise ValueError(f"{self.name}: two statements of that name")
+
+    @property
+    def function(self) -> str:
+        return f"fencepost_on_shard_{self.name}"
+
+    @property
+    def signature(self) -> str:
+        return f"{self.function}(smallint, {', '.join(self.params)})"
+
+    @property
+    def call(self) -> str:
+        args = ", ".join(f"${i + 2}::{t}" for i, t in enumerate(self.params))
+        return f"SELECT * FROM {self.function}($1::smallint, {args})"
+
+    def ddl(self) -> str:
+        """The function that runs this statement on the shard of its first
+        argument's bucket (see the module's docstring)."""
+        body = _TABLE_REF.sub(lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3)}__", self.sql)
+        if "$fencepost$" in body:
+            raise ValueError(f"{self.name}: the statement holds the function's quote")
+        args = ", ".join(f"p{i + 1} {t}" for i, t in enumerate(self.params))
+        returns = ", ".join(f"{c} {t}" for c, t in self.columns)
+        shards = "\n".join(
+            f"    q := replace(q, '__fp_{t}__', fencepost_shard('{t}', bucket));"
+            for t in self.tables)
+        using = ", ".join(f"p{i + 1}" for i in range(len(self.params)))
+        return (
+            f"CREATE OR REPLACE FUNCTION {self.function}(bucket smallint, {args})\n"
+            f"RETURNS TABLE ({returns}) LANGUAGE plpgsql AS $fencepost$\n"
+            f"DECLARE q text := $statement${body}$statement$;\n"
+            f"BEGIN\n{shards}\n    RETURN QUERY EXECUTE q USING {using};\nEND\n$fencepost$")
+
+    async def fetch(self, db: Any, bucket: int | None, *args: Any) -> list[asyncpg.Record]:
+        """The statement's rows: sent as it is (`bucket` None: one Postgres),
+        or run on the shard of `bucket` (Citus)."""
+        if bucket is None:
+            return list(await db.fetch(self.sql, *args))
+        return list(await db.fetch(self.call, bucket, *args))

@@ -1,0 +1,124 @@
+"""Step writes on Citus run on the shard that owns them (app/store/on_shard.py):
+each OnShard call is delegated to the one node holding its bucket's shard
+(EXPLAIN), a write is fenced there (a stale token refused, with its event),
+a batch over many shards is answered write by write in order, and the fence
+is atomic on the shard: a write waiting for the row while a takeover bumps
+the token is refused once the row is free."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from app.store import ExecutionStore
+from app.store.buckets import bucket_of
+from app.store.on_shard import REGISTRY
+from app.store.types import Lease, LeaseLost
+from tests.conftest import TestServer
+
+pytestmark = pytest.mark.citus
+
+
+async def _running(database_url: str, ids: list[str], token: int = 1) -> None:
+    """Executions already running under `token` (what a claim leaves)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for eid in ids:
+            await conn.execute(
+                "INSERT INTO executions (execution_id, bucket, workflow_id, params, context, "
+                "status, token, lease_owner, lease_expires_at) "
+                "VALUES ($1, fencepost_bucket($1), 'wf', 'null', '{}', 'running', $2, 'w', "
+                "now() + interval '1 hour')", eid, token)
+    finally:
+        await conn.close()
+
+
+async def test_each_on_shard_call_is_delegated_to_its_bucket_node(
+        pg_server: TestServer, database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        for statement in REGISTRY.values():
+            for bucket in (0, 77, 255):
+                owner = await conn.fetchrow(
+                    "SELECT p.nodename, p.nodeport FROM pg_dist_shard_placement p "
+                    "WHERE p.shardid = get_shard_id_for_distribution_column("
+                    "'executions', $1::smallint)", bucket)
+                nulls = ", ".join(f"NULL::{t}" for t in statement.params)
+                plan = "\n".join(r[0] for r in await conn.fetch(
+                    f"EXPLAIN SELECT * FROM {statement.function}({bucket}::smallint, {nulls})"))
+                assert "Task Count: 1" in plan, (statement.name, plan)
+                assert f"port={owner['nodeport']} " in plan, (statement.name, plan)
+                assert f"Function Scan on {statement.function}" in plan, plan
+    finally:
+        await conn.close()
+
+
+async def test_step_writes_are_fenced_on_the_shard(database_url: str,
+                                                   store: ExecutionStore) -> None:
+    await _running(database_url, ["w-1"], token=3)
+    record = await store.steps.write_step(Lease("w-1", 3, None, "w"), "a", value={"n": 1})
+    assert record.value == {"n": 1} and record.token == 3
+    again = await store.steps.write_step(Lease("w-1", 3, None, "w"), "a", value={"n": 2})
+    assert again.value == {"n": 1}  # the first write of a key stands
+    with pytest.raises(LeaseLost):
+        await store.steps.write_step(Lease("w-1", 2, None, "w"), "b", value=1)
+    conn = await asyncpg.connect(database_url)
+    try:
+        kinds = [r["kind"] for r in await conn.fetch(
+            "SELECT kind FROM execution_events WHERE bucket = fencepost_bucket($1) "
+            "AND execution_id = $1 ORDER BY event_id", "w-1")]
+        steps = await conn.fetch(
+            "SELECT step_key, token FROM execution_steps WHERE bucket = fencepost_bucket($1) "
+            "AND execution_id = $1", "w-1")
+    finally:
+        await conn.close()
+    assert kinds == ["step_recorded", "fenced_write_rejected"]
+    assert [(r["step_key"], r["token"]) for r in steps] == [("a", 3)]
+
+
+async def test_a_batch_over_many_shards_is_answered_in_order(database_url: str,
+                                                             store: ExecutionStore) -> None:
+    ids = [f"many-{i}" for i in range(40)]
+    assert len({bucket_of(i) for i in ids}) > 20
+    await _running(database_url, ids, token=1)
+    leases = [Lease(eid, 1 if i % 7 else 0, None, "w") for i, eid in enumerate(ids)]
+    results = await asyncio.gather(
+        *(store.steps.write_step(lease, "s", value=i) for i, lease in enumerate(leases)),
+        return_exceptions=True)
+    for i, result in enumerate(results):
+        if i % 7:
+            assert not isinstance(result, BaseException) and result.value == i, (i, result)
+        else:
+            assert isinstance(result, LeaseLost), (i, result)
+    assert store.steps.step_writes is not None and store.steps.step_writes.batches < len(ids)
+
+
+async def test_a_write_waiting_for_the_row_is_refused_after_a_takeover(
+        database_url: str, store: ExecutionStore) -> None:
+    await _running(database_url, ["held"], token=1)
+    holder = await asyncpg.connect(database_url)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        # A takeover in progress: the row locked, the token bumped, not committed.
+        await holder.execute(
+            "UPDATE executions SET token = token + 1 WHERE bucket = fencepost_bucket($1) "
+            "AND execution_id = $1", "held")
+        write = asyncio.ensure_future(
+            store.steps.write_step(Lease("held", 1, None, "w"), "late", value=1))
+        await asyncio.sleep(0.5)
+        assert not write.done(), "the write did not wait for the row"
+        await tx.commit()
+        with pytest.raises(LeaseLost):
+            await asyncio.wait_for(write, 30)
+    finally:
+        await holder.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval(
+            "SELECT count(*) FROM execution_steps WHERE bucket = fencepost_bucket($1) "
+            "AND execution_id = $1", "held") == 0
+    finally:
+        await conn.close()

@@ -1,0 +1,83 @@
+"""OnShard statements (app/store/on_shard.py) on one Postgres: what each
+declares of its parameters and answer is what Postgres describes for its
+text, and the function `fencepost migrate --citus` makes of it answers
+exactly what the statement does when sent as it is (checked here with a
+stand-in `fencepost_shard` that names the table itself: one Postgres is one
+shard)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+# Importing the store defines them all.
+import app.store  # noqa: F401, I001
+from app.store.on_shard import REGISTRY, OnShard
+from app.store.types import Lease
+from tests.support.admission import admit
+from tests.support.claims import claim_one
+
+
+def test_every_statement_is_registered_once_and_names_its_tables():
+    assert {"write_steps", "write_steps_skip_locked", "recorded_steps"} <= set(REGISTRY)
+    for statement in REGISTRY.values():
+        assert statement.tables, statement.name
+        assert statement.ddl().count("RETURN QUERY EXECUTE q USING") == 1
+    with pytest.raises(ValueError, match="two statements"):
+        OnShard("write_steps", "SELECT 1 FROM executions", (), (("x", "int"),))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+async def test_declared_types_are_what_postgres_describes(database_url, name):
+    statement = REGISTRY[name]
+    conn = await asyncpg.connect(database_url)
+    try:
+        prepared = await conn.prepare(statement.sql)
+        params = [t.name for t in prepared.get_parameters()]
+        columns = [(a.name, a.type.name) for a in prepared.get_attributes()]
+    finally:
+        await conn.close()
+    # As asyncpg names them.
+    aliases = {"bigint": "int8", "integer": "int4", "boolean": "bool", "float8": "float8"}
+
+    def named(sql_type: str) -> str:
+        base, array = (sql_type[:-2], "[]") if sql_type.endswith("[]") else (sql_type, "")
+        return aliases.get(base, base) + array
+
+    assert params == [named(t) for t in statement.params]
+    assert columns == [(c, named(t)) for c, t in statement.columns]
+
+
+async def test_the_function_answers_what_the_statement_answers(database_url, store):
+    conn = await asyncpg.connect(database_url)
+    try:
+        # One Postgres: every bucket's "shard" is the table itself.
+        await conn.execute(
+            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
+            "LANGUAGE sql AS 'SELECT t'")
+        for statement in REGISTRY.values():
+            await conn.execute(statement.ddl())
+    finally:
+        await conn.close()
+    eid = await admit(store, "wf", "on-shard-1")
+    lease = (await claim_one(store, eid)).lease
+    write = REGISTRY["write_steps"]
+    args = ([eid, eid], [lease.token, lease.token], ["a", "b"], ["completed"] * 2,
+            ['{"n": 1}', '{"n": 2}'], [None, None], [None, None], [1, 1], [0, 1])
+    via_function = await write.fetch(store.pool, 7, *args)
+    assert [r["fenced"] for r in via_function] == [True, True]
+    assert via_function[0]["step_key"] == "a" and via_function[0]["value"] == {"n": 1}
+    # The same writes again, sent as they are: recorded already, so both
+    # fenced and not inserted (the first write of a key stands) - as the
+    # function answers them the second time.
+    direct = await write.fetch(store.pool, None, *args)
+    again = await write.fetch(store.pool, 7, *args)
+    assert [dict(r) for r in direct] == [dict(r) for r in again]
+    assert [r["step_key"] for r in direct] == [None, None]
+    # A stale token is refused the same way both ways.
+    stale = ([eid], [lease.token + 5], ["c"], ["completed"], ["1"], [None], [None], [1], [2])
+    assert [dict(r) for r in await write.fetch(store.pool, None, *stale)] == \
+        [dict(r) for r in await write.fetch(store.pool, 7, *stale)]
+    recorded = await REGISTRY["recorded_steps"].fetch(store.pool, 7, [eid], ["a"])
+    assert [(r["step_key"], r["value"]) for r in recorded] == [("a", {"n": 1})]
+    assert isinstance(lease, Lease)
