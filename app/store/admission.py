@@ -207,7 +207,7 @@ class Admissions(StoreObject):
             await self._queues_exist({r.queue for r in requests})
             rows = await (await self._placement()).per_shard(
                 requests, lambda r: r.execution_id,
-                partial(self._admit_part), concurrently=True)
+                partial(self._admit_part), concurrently=isinstance(self.db, RetryingPool))
         except Exception as exc:
             if is_infrastructure(exc):  # the database failing: every request's answer
                 raise
