@@ -180,6 +180,7 @@ UNSTORABLE = {
 
 
 @pytest.mark.parametrize("body", list(UNSTORABLE.values()), ids=list(UNSTORABLE))
+@pytest.mark.citus
 async def test_unstorable_values_are_422_and_nothing_is_written(client, rows, body):
     r = await post_raw(client, body)
     assert_error(r, 422, "INVALID_EXECUTION_EVENT")
@@ -213,6 +214,7 @@ async def test_depth_bound_is_exactly_max_json_depth(client, rows):
     ],
     ids=["array", "unterminated-array", "objects", "bare-array"],
 )
+@pytest.mark.citus
 async def test_pathologically_deep_json_is_rejected_fast(client, rows, body):
     started = time.perf_counter()
     r = await post_raw(client, body)
@@ -225,6 +227,7 @@ async def test_pathologically_deep_json_is_rejected_fast(client, rows, body):
     assert await rows() == NOTHING
 
 
+@pytest.mark.citus
 async def test_hundred_thousand_deep_array_is_invalid_event(client):
     r = await post_raw(client, adm('"params":' + deep_array(100_000)))
     assert_error(r, 422, "INVALID_EXECUTION_EVENT")
@@ -274,12 +277,14 @@ BAD_FIELDS = {
 # A malformed request is INVALID_REQUEST; INVALID_EXECUTION_EVENT is kept for
 # values that cannot round-trip (issue 19).
 @pytest.mark.parametrize("body", list(BAD_FIELDS.values()), ids=list(BAD_FIELDS))
+@pytest.mark.citus
 async def test_invalid_fields_are_422_and_nothing_is_written(client, rows, body):
     r = await post_raw(client, body)
     assert_error(r, 422, "INVALID_REQUEST")
     assert await rows() == NOTHING
 
 
+@pytest.mark.citus
 async def test_validation_error_names_the_field(client):
     r = await post_raw(client, _body(workflowId="wf", executionId="x" * 201))
     error = assert_error(r, 422, "INVALID_REQUEST")
@@ -289,6 +294,7 @@ async def test_validation_error_names_the_field(client):
     assert "workflowId" in error["message"]
 
 
+@pytest.mark.citus
 async def test_unstorable_message_says_where(client):
     error = assert_error(await post_raw(client, adm('"params":{"a":[0,NaN]}')), 422)
     assert "NaN" in error["message"] and "params" in error["message"]
@@ -321,6 +327,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("body", list(MALFORMED.values()), ids=list(MALFORMED))
+@pytest.mark.citus
 async def test_malformed_json_is_400_and_nothing_is_written(client, rows, body):
     r = await post_raw(client, body)
     assert_error(r, 400, "MALFORMED_JSON")
@@ -337,6 +344,7 @@ async def test_malformed_json_is_400_and_nothing_is_written(client, rows, body):
     ids=["missing", "text", "form", "multipart", "xml", "latin1", "utf16", "empty", "json",
          "jsonp"],
 )
+@pytest.mark.citus
 async def test_wrong_content_type_is_415_and_nothing_is_written(client, rows, headers):
     r = await post_raw(client, json.dumps({"workflowId": "wf", "params": {}}), headers=headers)
     assert_error(r, 415, "UNSUPPORTED_MEDIA_TYPE")

@@ -254,6 +254,7 @@ async def test_admission_receives_a_value_that_cannot_round_trip(store, pool, wh
         ),
     ],
 )
+@pytest.mark.citus
 async def test_admission_stores_an_event_exactly_or_rejects_it(store, pool, value):
     """A value that cannot round-trip is refused (INVALID_EXECUTION_EVENT):
     admission never stores a lossy copy. Either answer is fine; a silently
