@@ -27,12 +27,6 @@ from app.store.on_shard import REGISTRY, SHARD_FUNCTION
 
 # PER_EXECUTION: distributed by bucket, co-located with executions (the
 # foreign keys to executions hold on each shard: both sides carry the same bucket).
-# Per-execution columns numbered by a sequence.
-SERIAL_COLUMNS = (
-    ("execution_events", "event_id"), ("late_observations", "observation_id"),
-    ("signals", "signal_id"), ("attempt_history", "attempt_id"),
-    ("superseded_steps", "superseded_id"),
-)
 # Copied to every node (referenced tables before the tables referencing them).
 REFERENCE = (
     "api_tokens", "ui_sessions", "workers", "shared_settings", "schedules", "schedule_events",
@@ -114,18 +108,6 @@ async def distribute(url: str) -> list[str]:
             for table in reversed(moved):
                 await conn.execute("SELECT truncate_local_data_after_distributing_table($1)",
                                    table)
-            # A statement run on its shard inserts into the shard's table
-            # itself, which Citus made without the sequence defaults: give
-            # them the node's own range of each sequence (as the tables'
-            # defaults there). KNOWN GAP: event IDs then come from per-node
-            # ranges, so across a shard move (or mixed with inserts through
-            # the coordinator) an execution's events need not be in insertion
-            # order by ID (issue 21: a per-execution counter).
-            for table, column in SERIAL_COLUMNS:
-                await conn.execute(
-                    "SELECT run_command_on_shards($1, $2)", table,
-                    f"ALTER TABLE %s ALTER COLUMN {column} SET DEFAULT "
-                    f"nextval('public.{table}_{column}_seq'::regclass)")
             # The statements that run on their shard (app/store/on_shard.py):
             # made again each time, so an upgrade brings its new text.
             await conn.execute(SHARD_FUNCTION)

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import Any, Literal
 
 import asyncpg
@@ -24,7 +23,7 @@ from app.dberrors import is_infrastructure
 from app.store.buckets import bucket_of
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import OnShard
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import Placement, placement_of
 from app.store.retry import RetryingPool
 from app.store.types import NOTIFY_CHANNEL, Admitted, Conflict, InvalidEvent
@@ -102,8 +101,8 @@ def _admission_sql(requests: str) -> str:
         ON CONFLICT (execution_id, bucket) DO NOTHING
         RETURNING execution_id, status, queue
     ), ev AS (
-        INSERT INTO execution_events (execution_id, bucket, kind, detail)
-        SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
+        INSERT INTO execution_events (event_id, execution_id, bucket, kind, detail)
+        SELECT {NEXT_EVENT_ID}, ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
                jsonb_strip_nulls(jsonb_build_object('workflowId', r.workflow_id,
                                                     'requestId', r.request_id))
         FROM ins JOIN r USING (execution_id)
@@ -141,6 +140,14 @@ _ADMIT_BATCH = OnShard("admit_batch", _admission_sql(
 # What a value Postgres cannot store raises: NaN/Infinity (the encoder
 # refuses them), \u0000 and lone surrogates (jsonb and text refuse them).
 _UNSTORABLE = (ValueError, TypeError, asyncpg.DataError)
+
+
+def _each_alone(part: list[_Request], exc: BaseException) -> list[asyncpg.Record | None]:
+    """A batch part that failed: the database failing is everyone's answer;
+    anything else may be one request's own, so each is admitted alone."""
+    if is_infrastructure(exc):
+        raise exc
+    return [None] * len(part)
 
 
 class Admissions(StoreObject):
@@ -205,9 +212,12 @@ class Admissions(StoreObject):
         request's error."""
         try:
             await self._queues_exist({r.queue for r in requests})
+            # On Citus each shard's part commits on its own: a part that
+            # failed is answered alone, request by request, and the others
+            # keep their answers (admitted is admitted).
             rows = await (await self._placement()).per_shard(
-                requests, lambda r: r.execution_id,
-                partial(self._admit_part), concurrently=isinstance(self.db, RetryingPool))
+                requests, lambda r: r.execution_id, self._admit_part,
+                concurrently=isinstance(self.db, RetryingPool), on_error=_each_alone)
         except Exception as exc:
             if is_infrastructure(exc):  # the database failing: every request's answer
                 raise
@@ -225,11 +235,11 @@ class Admissions(StoreObject):
         between) is tried again: three tries in all."""
         args = [getattr(request, c) for c in _COLUMNS]
         placement = await self._placement()
-        bucket = bucket_of(request.execution_id) if placement.distributed else None
+        buckets = [bucket_of(request.execution_id)] if placement.distributed else None
         for _ in range(3):
             try:
                 await self._queues_exist({request.queue})
-                rows = await _ADMIT_ONE.fetch(self.db, bucket, *args)
+                rows = await _ADMIT_ONE.fetch(self.db, buckets, *args)
             except _UNSTORABLE as exc:
                 # Nothing was stored.
                 raise InvalidEvent(str(exc)) from exc
@@ -246,11 +256,11 @@ class Admissions(StoreObject):
                            "then free, three times")
 
     async def _admit_part(self, requests: list[_Request],
-                          bucket: int | None) -> list[asyncpg.Record | None]:
-        """The batch statement over `requests` (all on one shard, of `bucket`,
-        on Citus): each request's row if it was admitted, else None."""
+                          buckets: list[int] | None) -> list[asyncpg.Record | None]:
+        """The batch statement over `requests` (on Citus all on one shard,
+        `buckets` theirs): each request's row if it was admitted, else None."""
         rows = await _ADMIT_BATCH.fetch(
-            self.db, bucket, *[[getattr(r, c) for r in requests] for c in _COLUMNS])
+            self.db, buckets, *[[getattr(r, c) for r in requests] for c in _COLUMNS])
         by_ord = {row["ord"]: row for row in rows}
         return [by_ord.get(n) for n in range(1, len(requests) + 1)]
 
@@ -259,13 +269,18 @@ class Admissions(StoreObject):
 
     async def _queues_exist(self, names: set[str]) -> None:
         """Claims read the queues table: every execution's queue is in it,
-        before the execution is (a row of its own, made once, remembered)."""
+        before the execution is: inserted first (committed, on the pool; in a
+        caller's transaction, in that transaction, so both commit or neither).
+        Remembered only once committed on the pool: a name remembered from a
+        transaction that then rolled back would leave executions without their
+        queue row, never claimed (queues are never deleted)."""
         known = self.config.placement.queues
         new = sorted(names - known)
         if new:
             await self.db.execute(
                 "INSERT INTO queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", new)
-            known.update(new)
+            if isinstance(self.db, RetryingPool):
+                known.update(new)
 
     async def _id_holder(self, execution_id: str, workflow_id: str,
                          params: Any) -> Conflict | Existing | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from app.store.buckets import bucket_of
 from app.store.handle import StoreObject
-from app.store.on_shard import OnShard
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import placement_of
 from app.store.types import Lease, LeaseLost
 
@@ -31,8 +31,8 @@ INTERRUPT_SQL = interrupt_at("now()")
 
 
 _REJECTED = OnShard("fenced_write_rejected", """
-INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-VALUES ($1, fencepost_bucket($1), 'fenced_write_rejected', $2,
+INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+VALUES (""" + NEXT_EVENT_ID + """, $1, fencepost_bucket($1), 'fenced_write_rejected', $2,
         jsonb_build_object('stepKey', $3::text))
 RETURNING event_id
 """, ("text", "bigint", "text"), (("event_id", "bigint"),))
@@ -43,6 +43,6 @@ async def rejected(store: StoreObject, lease: Lease, step_key: str | None = None
     the LeaseLost to raise. `step_key`: the step the write was for (None for
     the writes that end a delivery: acknowledge, release)."""
     placement = await placement_of(store.db, store.config.placement)
-    await _REJECTED.fetch(store.db, bucket_of(lease.execution_id) if placement.distributed
+    await _REJECTED.fetch(store.db, [bucket_of(lease.execution_id)] if placement.distributed
                           else None, lease.execution_id, lease.token, step_key)
     return LeaseLost(lease.execution_id, lease.token)

@@ -31,7 +31,9 @@ import asyncpg
 from app.store.buckets import PER_EXECUTION
 
 _TABLE_REF = re.compile(
-    r"\b(FROM|JOIN|INTO|UPDATE)(\s+)(" + "|".join(PER_EXECUTION) + r")\b")
+    r"\b(FROM|JOIN|INTO|UPDATE)(\s+)(" + "|".join(PER_EXECUTION) + r")\b", re.IGNORECASE)
+# Any mention of a per-execution table (to refuse one left unrenamed).
+_TABLE_NAME = re.compile(r"\b(" + "|".join(PER_EXECUTION) + r")\b", re.IGNORECASE)
 
 # The shard of `table` that holds `bucket` (a relation name on the node the
 # function was delegated to).
@@ -42,6 +44,24 @@ LANGUAGE sql STABLE AS $$
                       get_shard_id_for_distribution_column(table_name, bucket))
 $$
 """
+
+# Refused, changing nothing, when the rows' buckets are not all on the shard
+# the call was delegated to: the caller's placement is out of date (a shard
+# split since it was read). Rows written to a shard that does not hold their
+# bucket would be invisible to every routed statement.
+_SAME_SHARD = """    IF EXISTS (SELECT 1 FROM unnest(buckets) AS b
+               WHERE get_shard_id_for_distribution_column('executions', b)
+                     <> get_shard_id_for_distribution_column('executions', bucket)) THEN
+        RAISE EXCEPTION 'fencepost: buckets % are not all on the shard of bucket %', buckets,
+            bucket USING HINT = 'the shards were split since this process read where the '
+                                'buckets are: restart it', ERRCODE = 'FPST1';
+    END IF;"""
+
+# An event's ID, named in the statement rather than left to the column's
+# default: a shard's table has no default (Citus drops it there, and a shard
+# moved or split is made anew), while on every node the sequence itself
+# exists (on a Citus worker node, drawing from that node's own range).
+NEXT_EVENT_ID = "nextval('public.execution_events_event_id_seq'::regclass)"
 
 REGISTRY: dict[str, OnShard] = {}
 
@@ -55,9 +75,16 @@ class OnShard:
     tables: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        found = tuple(sorted({m.group(3) for m in _TABLE_REF.finditer(self.sql)}))
+        found = tuple(sorted({m.group(3).lower() for m in _TABLE_REF.finditer(self.sql)}))
         if not found:
             raise ValueError(f"{self.name}: names no per-execution table")
+        # Fail closed: every mention of a per-execution table must be one the
+        # function renames to its shard (a mention in a comment, a literal, a
+        # USING or a comma join would run as a distributed query there).
+        left = _TABLE_NAME.findall(_TABLE_REF.sub("", self.sql))
+        if left:
+            raise ValueError(f"{self.name}: mentions {sorted(set(left))} where they cannot be "
+                             "renamed to the shard's tables (only after FROM/JOIN/INTO/UPDATE)")
         object.__setattr__(self, "tables", found)
         if REGISTRY.setdefault(self.name, self) is not self:
             raise ValueError(f"{self.name}: two statements of that name")
@@ -68,17 +95,18 @@ class OnShard:
 
     @property
     def signature(self) -> str:
-        return f"{self.function}(smallint, {', '.join(self.params)})"
+        return f"{self.function}(smallint, smallint[], {', '.join(self.params)})"
 
     @property
     def call(self) -> str:
-        args = ", ".join(f"${i + 2}::{t}" for i, t in enumerate(self.params))
-        return f"SELECT * FROM {self.function}($1::smallint, {args})"
+        args = ", ".join(f"${i + 3}::{t}" for i, t in enumerate(self.params))
+        return f"SELECT * FROM {self.function}($1::smallint, $2::smallint[], {args})"
 
     def ddl(self) -> str:
         """The function that runs this statement on the shard of its first
         argument's bucket (see the module's docstring)."""
-        body = _TABLE_REF.sub(lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3)}__", self.sql)
+        body = _TABLE_REF.sub(
+            lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3).lower()}__", self.sql)
         if "$fencepost$" in body:
             raise ValueError(f"{self.name}: the statement holds the function's quote")
         args = ", ".join(f"p{i + 1} {t}" for i, t in enumerate(self.params))
@@ -88,14 +116,18 @@ class OnShard:
             for t in self.tables)
         using = ", ".join(f"p{i + 1}" for i in range(len(self.params)))
         return (
-            f"CREATE OR REPLACE FUNCTION {self.function}(bucket smallint, {args})\n"
+            f"CREATE OR REPLACE FUNCTION {self.function}(bucket smallint, buckets smallint[], "
+            f"{args})\n"
             f"RETURNS TABLE ({returns}) LANGUAGE plpgsql AS $fencepost$\n"
             f"DECLARE q text := $statement${body}$statement$;\n"
-            f"BEGIN\n{shards}\n    RETURN QUERY EXECUTE q USING {using};\nEND\n$fencepost$")
+            f"BEGIN\n{_SAME_SHARD}\n{shards}\n    RETURN QUERY EXECUTE q USING {using};\n"
+            f"END\n$fencepost$")
 
-    async def fetch(self, db: Any, bucket: int | None, *args: Any) -> list[asyncpg.Record]:
-        """The statement's rows: sent as it is (`bucket` None: one Postgres),
-        or run on the shard of `bucket` (Citus)."""
-        if bucket is None:
+    async def fetch(self, db: Any, buckets: list[int] | None,
+                    *args: Any) -> list[asyncpg.Record]:
+        """The statement's rows: sent as it is (`buckets` None: one Postgres),
+        or run on the shard of `buckets` (Citus: the buckets of the rows it
+        touches, all on one shard)."""
+        if buckets is None:
             return list(await db.fetch(self.sql, *args))
-        return list(await db.fetch(self.call, bucket, *args))
+        return list(await db.fetch(self.call, buckets[0], buckets, *args))

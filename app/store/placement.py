@@ -40,24 +40,42 @@ class Placement:
         return {b: i for i, group in enumerate(self.groups) for b in group}
 
     async def per_shard(self, items: Sequence[T], execution_id: Callable[[T], str],
-                        run: Callable[[list[T], int | None], Awaitable[list[A]]], *,
-                        concurrently: bool = False) -> list[A]:
-        """`run(items, None)` on one Postgres; on Citus `run(part, bucket)` for
-        the items of each shard (`bucket`: one of that shard's): one shard
-        after the other, or all at once (`concurrently`: on a pool, each on a
-        connection of its own); the answers in the items' order either way."""
+                        run: Callable[[list[T], list[int] | None], Awaitable[list[A]]], *,
+                        concurrently: bool = False,
+                        on_error: Callable[[list[T], BaseException], list[A]] | None = None,
+                        ) -> list[A]:
+        """`run(items, None)` on one Postgres; on Citus `run(part, buckets)`
+        for the items of each shard (`buckets`: theirs, all of that shard):
+        one shard after the other, or all at once (`concurrently`: on a pool,
+        each on a connection of its own); the answers in the items' order
+        either way. On Citus each part commits on its own: a part that
+        raised is answered by `on_error(part, exception)` (None: every part
+        runs, then the first error is raised)."""
         if not self.distributed:
             return await run(list(items), None)
         parts: dict[int, list[int]] = {}
-        for i, item in enumerate(items):
-            parts.setdefault(self.group_of[bucket_of(execution_id(item))], []).append(i)
+        buckets = [bucket_of(execution_id(item)) for item in items]
+        for i, bucket in enumerate(buckets):
+            parts.setdefault(self.group_of[bucket], []).append(i)
         answers: list[A | None] = [None] * len(items)
-        calls = [(indexes, run([items[i] for i in indexes], self.groups[group][0]))
-                 for group, indexes in parts.items()]
+        calls = [(indexes, run([items[i] for i in indexes], [buckets[i] for i in indexes]))
+                 for indexes in parts.values()]
         if concurrently:
-            results = await asyncio.gather(*(call for _, call in calls))
+            results: list[Any] = await asyncio.gather(*(call for _, call in calls),
+                                                      return_exceptions=True)
         else:
-            results = [await call for _, call in calls]
+            results = []
+            for _, call in calls:
+                try:
+                    results.append(await call)
+                except Exception as exc:
+                    results.append(exc)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed and on_error is None:
+            raise failed[0]
+        results = [on_error([items[i] for i in indexes], got)
+                   if on_error is not None and isinstance(got, BaseException) else got
+                   for (indexes, _), got in zip(calls, results, strict=True)]
         for (indexes, _), got in zip(calls, results, strict=True):
             for i, answer in zip(indexes, got, strict=True):
                 answers[i] = answer

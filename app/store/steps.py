@@ -14,10 +14,11 @@ import asyncpg
 
 from app.db import encode_json
 from app.dberrors import is_infrastructure
+from app.store.buckets import bucket_of
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import OnShard
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import SINGLE_NODE, Placement, placement_of
 from app.store.retry import RetryingPool
 from app.store.types import (
@@ -210,8 +211,9 @@ WITH input AS (
     RETURNING execution_id, step_key, status, value, error, function_name, attempts, token,
               recorded_at
 ), ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-    SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'step_recorded', ins.token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {next_event_id}, ins.execution_id, fencepost_bucket(ins.execution_id),
+           'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', ins.status)
     FROM ins JOIN first USING (execution_id, step_key)
     ORDER BY first.ord
@@ -272,7 +274,7 @@ def _statements(template: str) -> dict[bool, str]:
     return {skip_locked: template.format(
         fenced_input=_FENCED_INPUT.format(interrupt=INTERRUPT_SQL,
                                           skip="SKIP LOCKED" if skip_locked else ""),
-        skipped=_SKIPPED) for skip_locked in (False, True)}
+        skipped=_SKIPPED, next_event_id=NEXT_EVENT_ID) for skip_locked in (False, True)}
 
 
 _STEP_ANSWER = (("fenced", "boolean"), ("interrupt", "text"), ("step_key", "text"),
@@ -317,14 +319,14 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
     On Citus: one statement per shard the writes are in, each on its shard."""
     return await placement.per_shard(
         writes, lambda w: w.lease.execution_id,
-        lambda part, bucket: _write_steps(db, part, skip_locked, bucket),
+        lambda part, buckets: _write_steps(db, part, skip_locked, buckets),
         concurrently=isinstance(db, RetryingPool))
 
 
 async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: bool,
-                       bucket: int | None) -> list[StepWritten]:
+                       buckets: list[int] | None) -> list[StepWritten]:
     rows = await _WRITE_STEPS_BY_SKIP[skip_locked].fetch(
-        db, bucket,
+        db, buckets,
         [w.lease.execution_id for w in writes],
         [w.lease.token for w in writes],
         [w.step_key for w in writes],
@@ -342,7 +344,8 @@ async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: boo
              if row["fenced"] and row["step_key"] is None]
     recorded: dict[tuple[str, str], asyncpg.Record] = {}
     if known:
-        found = await _RECORDED_STEPS.fetch(db, bucket, [k[0] for k in known],
+        found = await _RECORDED_STEPS.fetch(db, buckets and [bucket_of(k[0]) for k in known],
+                                            [k[0] for k in known],
                                             [k[1] for k in known])
         recorded = {(r["execution_id"], r["step_key"]): r for r in found}
     answers = []

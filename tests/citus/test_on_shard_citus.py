@@ -1,6 +1,7 @@
 """Step writes on Citus run on the shard that owns them (app/store/on_shard.py):
 each OnShard call is delegated to the one node holding its bucket's shard
-(EXPLAIN), a write is fenced there (a stale token refused, with its event),
+(EXPLAIN), a call carrying rows of a bucket on another shard (a placement
+read before a split) is refused, a write is fenced there (a stale token refused, with its event),
 a batch over many shards is answered write by write in order, and the fence
 is atomic on the shard: a write waiting for the row while a takeover bumps
 the token is refused once the row is free."""
@@ -47,7 +48,8 @@ async def test_each_on_shard_call_is_delegated_to_its_bucket_node(
                     "'executions', $1::smallint)", bucket)
                 nulls = ", ".join(f"NULL::{t}" for t in statement.params)
                 plan = "\n".join(r[0] for r in await conn.fetch(
-                    f"EXPLAIN SELECT * FROM {statement.function}({bucket}::smallint, {nulls})"))
+                    f"EXPLAIN SELECT * FROM {statement.function}({bucket}::smallint, "
+                    f"ARRAY[{bucket}]::smallint[], {nulls})"))
                 assert "Task Count: 1" in plan, (statement.name, plan)
                 assert f"port={owner['nodeport']} " in plan, (statement.name, plan)
                 assert f"Function Scan on {statement.function}" in plan, plan
@@ -122,3 +124,22 @@ async def test_a_write_waiting_for_the_row_is_refused_after_a_takeover(
             "AND execution_id = $1", "held") == 0
     finally:
         await conn.close()
+
+
+async def test_rows_sent_to_the_wrong_shard_are_refused(database_url: str,
+                                                        store: ExecutionStore) -> None:
+    await _running(database_url, ["wrong-1"], token=1)
+    conn = await asyncpg.connect(database_url)
+    try:
+        other = await conn.fetchval(
+            "SELECT b FROM generate_series(0, 255) b WHERE get_shard_id_for_distribution_column("
+            "'executions', b::smallint) <> get_shard_id_for_distribution_column('executions', $1::smallint)"
+            " LIMIT 1", bucket_of("wrong-1"))
+    finally:
+        await conn.close()
+    args = (["wrong-1"], [1], ["a"], ["completed"], ["1"], [None], [None], [1], [0])
+    with pytest.raises(asyncpg.PostgresError, match="not all on the shard"):
+        await REGISTRY["write_steps"].fetch(store.pool, [other, bucket_of("wrong-1")], *args)
+    assert await store.pool.fetchval(
+        "SELECT count(*) FROM execution_steps WHERE bucket = fencepost_bucket($1) "
+        "AND execution_id = $1", "wrong-1") == 0

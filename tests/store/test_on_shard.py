@@ -55,6 +55,9 @@ async def test_the_function_answers_what_the_statement_answers(database_url, sto
         await conn.execute(
             "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
             "LANGUAGE sql AS 'SELECT t'")
+        await conn.execute(
+            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
+            "RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'")
         for statement in REGISTRY.values():
             await conn.execute(statement.ddl())
     finally:
@@ -64,20 +67,60 @@ async def test_the_function_answers_what_the_statement_answers(database_url, sto
     write = REGISTRY["write_steps"]
     args = ([eid, eid], [lease.token, lease.token], ["a", "b"], ["completed"] * 2,
             ['{"n": 1}', '{"n": 2}'], [None, None], [None, None], [1, 1], [0, 1])
-    via_function = await write.fetch(store.pool, 7, *args)
+    via_function = await write.fetch(store.pool, [7], *args)
     assert [r["fenced"] for r in via_function] == [True, True]
     assert via_function[0]["step_key"] == "a" and via_function[0]["value"] == {"n": 1}
     # The same writes again, sent as they are: recorded already, so both
     # fenced and not inserted (the first write of a key stands) - as the
     # function answers them the second time.
     direct = await write.fetch(store.pool, None, *args)
-    again = await write.fetch(store.pool, 7, *args)
+    again = await write.fetch(store.pool, [7], *args)
     assert [dict(r) for r in direct] == [dict(r) for r in again]
     assert [r["step_key"] for r in direct] == [None, None]
     # A stale token is refused the same way both ways.
     stale = ([eid], [lease.token + 5], ["c"], ["completed"], ["1"], [None], [None], [1], [2])
     assert [dict(r) for r in await write.fetch(store.pool, None, *stale)] == \
-        [dict(r) for r in await write.fetch(store.pool, 7, *stale)]
-    recorded = await REGISTRY["recorded_steps"].fetch(store.pool, 7, [eid], ["a"])
+        [dict(r) for r in await write.fetch(store.pool, [7], *stale)]
+    recorded = await REGISTRY["recorded_steps"].fetch(store.pool, [7], [eid], ["a"])
     assert [(r["step_key"], r["value"]) for r in recorded] == [("a", {"n": 1})]
     assert isinstance(lease, Lease)
+
+
+async def test_rows_of_buckets_on_another_shard_are_refused_and_nothing_is_written(
+        database_url, store):
+    """A caller whose placement is out of date (a shard split since it was
+    read) sends rows of a bucket the shard does not hold: refused."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
+            "LANGUAGE sql AS 'SELECT t'")
+        # Two "shards": even and odd buckets.
+        await conn.execute(
+            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
+            "RETURNS bigint LANGUAGE sql AS 'SELECT (b % 2)::bigint'")
+        await conn.execute(REGISTRY["write_steps"].ddl())
+    finally:
+        await conn.close()
+    eid = await admit(store, "wf", "on-shard-2")
+    lease = (await claim_one(store, eid)).lease
+    args = ([eid], [lease.token], ["a"], ["completed"], ["1"], [None], [None], [1], [0])
+    with pytest.raises(asyncpg.PostgresError, match="not all on the shard") as refused:
+        await REGISTRY["write_steps"].fetch(store.pool, [4, 5], *args)
+    assert refused.value.sqlstate == "FPST1"
+    assert await store.pool.fetchval("SELECT count(*) FROM execution_steps") == 0
+    # The same rows with buckets of one shard go through.
+    assert [r["fenced"] for r in await REGISTRY["write_steps"].fetch(
+        store.pool, [4, 6], *args)] == [True]
+
+
+def test_a_table_mentioned_where_it_cannot_be_renamed_is_refused():
+    for sql in ("SELECT 1 FROM executions e, execution_steps s",
+                "DELETE FROM executions USING execution_events x",
+                "SELECT 'moved' FROM executions -- see executions"):
+        with pytest.raises(ValueError, match="cannot be renamed"):
+            OnShard(f"bad_{abs(hash(sql))}", sql, (), (("x", "int"),))
+    statement = OnShard("lower_case_ok", "select 1 from Executions e join execution_steps s "
+                        "on true", (), (("x", "int"),))
+    assert statement.tables == ("execution_steps", "executions")
+    REGISTRY.pop("lower_case_ok")
