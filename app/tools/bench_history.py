@@ -17,8 +17,9 @@ from typing import Any, cast
 import asyncpg
 
 from app.store import StoreConfig
-from app.store.handle import Handle
+from app.store.handle import Handle, PlacementCache
 from app.store.leases import Leases
+from app.store.placement import SINGLE_NODE
 from app.tools.bench import TIMER_WORKFLOW, WORKFLOW, _commits, _throughput
 from app.tools.bench_cpu import CpuMeter
 
@@ -101,8 +102,10 @@ async def claim_plan(conn: asyncpg.Connection, workflow_ids: list[str],
     """EXPLAIN the claim statement as a worker carrying `workflow_ids` sends
     it: (no sequential scan of executions, the scans of executions it uses)."""
     recorder = _Recorder()
-    # Only fetch is called: the claim is one statement.
-    leases = Leases(cast(Handle, recorder), StoreConfig())
+    # Only fetch is called: the claim is one statement (on one Postgres: the
+    # bench's database is never Citus with --history).
+    leases = Leases(cast(Handle, recorder),
+                    StoreConfig(placement=PlacementCache(placement=SINGLE_NODE)))
     await leases.claim_due(32, 30.0, "bench-explain", workflow_ids,
                            [30.0] * len(workflow_ids), versions)
     assert recorder.statement is not None  # claim_due sends one statement

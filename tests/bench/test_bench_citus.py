@@ -211,7 +211,11 @@ async def test_postgres_cpu_on_citus_covers_the_coordinator_and_every_worker(
         plain = await servers_of(conn, database_url)
     finally:
         await conn.close()
-    assert plain == ([await _postmaster_pid(database_url)], None)
+    own = await _postmaster_pid(database_url)
+    if own is None:  # e.g. the test bed's Postgres in a container: no figure, and why
+        assert plain[0] is None and plain[1], plain
+    else:
+        assert plain == ([own], None)
 
 
 @pytest.mark.parametrize("flags", [("--history", "5"), ("--timers", "2"), ("--queues",)])
