@@ -11,11 +11,14 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-# Reinstall only when pyproject.toml is newer than the stamp.
-$(STAMP): pyproject.toml
+# Reinstall only when pyproject.toml or constraints.txt is newer than the stamp.
+# The runtime dependencies at the versions constraints.txt pins (what the image
+# ships), so the tests run with exactly those; a registry offering newer ones
+# changes nothing until the file is regenerated (tests/deploy/test_lock_file.py).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,embedded]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,embedded]'
 	touch $(STAMP)
 
 # Debian's Chromium for the dashboard's browser tests (tests/ui); CI runs as root.
