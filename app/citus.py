@@ -56,6 +56,22 @@ async def is_distributed(conn: asyncpg.Connection) -> bool:
         "SELECT true FROM pg_dist_partition WHERE logicalrelid = 'executions'::regclass"))
 
 
+_NO_CITUS = (
+    "this database has no citus extension: on the coordinator, run `CREATE EXTENSION "
+    "citus` and add the worker nodes (SELECT citus_add_node(host, port)) in this database "
+    "first, then `fencepost migrate --citus` again")
+
+
+async def require_citus(url: str) -> None:
+    """Raise CitusMissing (what to do) unless the database at `url` has citus."""
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        if not await conn.fetchval("SELECT true FROM pg_extension WHERE extname = 'citus'"):
+            raise CitusMissing(_NO_CITUS)
+    finally:
+        await conn.close()
+
+
 async def distribute(url: str) -> list[str]:
     """Distribute the (migrated) schema in the database at `url` over its
     Citus cluster; returns what it changed, one line each."""
@@ -63,10 +79,7 @@ async def distribute(url: str) -> list[str]:
     changed: list[str] = []
     try:
         if not await conn.fetchval("SELECT true FROM pg_extension WHERE extname = 'citus'"):
-            raise CitusMissing(
-                "this database has no citus extension: on the coordinator, run "
-                "`CREATE EXTENSION citus` and add the worker nodes (SELECT citus_add_node(host, "
-                "port)) in this database first, then `fencepost migrate --citus` again")
+            raise CitusMissing(_NO_CITUS)
         # Concurrent `fencepost migrate` runs queue behind each other.
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
         try:

@@ -143,6 +143,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
 
+    if args.citus:  # refused before anything is migrated
+        from app import citus
+
+        try:
+            asyncio.run(citus.require_citus(url))
+        except citus.CitusMissing as exc:
+            raise CliError(str(exc), EXIT_USAGE) from exc
+
     async def upgrade_and_read() -> str | None:
         await migrate.upgrade(url)
         return await migrate.current_revision(url)
@@ -160,7 +168,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             raise CliError(str(exc), EXIT_USAGE) from exc
         for line in changed:
             print(f"citus: {line}")
-        print("citus: every table distributed" + ("" if changed else " already"))
+        print("citus: every table distributed")
     return EXIT_OK
 
 

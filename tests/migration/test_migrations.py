@@ -129,6 +129,16 @@ async def test_cli_migrate_check_then_migrate(empty_database_url):
     assert await migrate.is_at_head(empty_database_url)
 
 
+async def test_cli_migrate_citus_without_citus_changes_nothing(empty_database_url):
+    """`migrate --citus` on a database without the citus extension refuses
+    before it migrates anything, and says what to do."""
+    result = await asyncio.to_thread(run_cli, "migrate", "--citus",
+                                     database_url=empty_database_url)
+    assert result.returncode == 2, result
+    assert "CREATE EXTENSION citus" in result.stderr
+    assert await migrate.current_revision(empty_database_url) is None
+
+
 async def test_cli_without_database_url_exits_2():
     result = await asyncio.to_thread(run_cli, "migrate", "--check", database_url=None)
     assert result.returncode == 2, result
