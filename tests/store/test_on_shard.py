@@ -18,6 +18,25 @@ from tests.support.admission import admit
 from tests.support.claims import claim_one
 
 
+async def _stand_in_citus(database_url: str, shard_of_bucket: str,
+                          statements: list[OnShard]) -> None:
+    """One Postgres standing in for Citus: every shard's tables are the tables
+    themselves, a bucket's shard ID is `shard_of_bucket` (SQL over `b`), and
+    `statements` have their on-shard functions."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
+            "LANGUAGE sql AS 'SELECT t'")
+        await conn.execute(
+            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
+            f"RETURNS bigint LANGUAGE sql AS 'SELECT ({shard_of_bucket})::bigint'")
+        for statement in statements:
+            await conn.execute(statement.ddl())
+    finally:
+        await conn.close()
+
+
 def test_every_statement_is_registered_once_and_names_its_tables():
     assert {"write_steps", "write_steps_skip_locked", "recorded_steps"} <= set(REGISTRY)
     for statement in REGISTRY.values():
@@ -49,19 +68,7 @@ async def test_declared_types_are_what_postgres_describes(database_url, name):
 
 
 async def test_the_function_answers_what_the_statement_answers(database_url, store):
-    conn = await asyncpg.connect(database_url)
-    try:
-        # One Postgres: every bucket's "shard" is the table itself.
-        await conn.execute(
-            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
-            "LANGUAGE sql AS 'SELECT t'")
-        await conn.execute(
-            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
-            "RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint'")
-        for statement in REGISTRY.values():
-            await conn.execute(statement.ddl())
-    finally:
-        await conn.close()
+    await _stand_in_citus(database_url, "1", list(REGISTRY.values()))
     eid = await admit(store, "wf", "on-shard-1")
     lease = (await claim_one(store, eid)).lease
     write = REGISTRY["write_steps"]
@@ -90,18 +97,8 @@ async def test_rows_of_buckets_on_another_shard_are_refused_and_nothing_is_writt
         database_url, store):
     """A caller whose placement is out of date (a shard split since it was
     read) sends rows of a bucket the shard does not hold: refused."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(
-            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
-            "LANGUAGE sql AS 'SELECT t'")
-        # Two "shards": even and odd buckets.
-        await conn.execute(
-            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
-            "RETURNS bigint LANGUAGE sql AS 'SELECT (b % 2)::bigint'")
-        await conn.execute(REGISTRY["write_steps"].ddl())
-    finally:
-        await conn.close()
+    # Two "shards": even and odd buckets.
+    await _stand_in_citus(database_url, "b % 2", [REGISTRY["write_steps"]])
     eid = await admit(store, "wf", "on-shard-2")
     lease = (await claim_one(store, eid)).lease
     args = ([eid], [lease.token], ["a"], ["completed"], ["1"], [None], [None], [1], [0])
