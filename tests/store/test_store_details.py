@@ -18,6 +18,7 @@ from app.store import (
     LeaseLost,
     decode_cursor,
 )
+from app.store.placement import read_placement
 from tests.support.admission import admitting
 from tests.support.claims import claim_one
 
@@ -616,6 +617,9 @@ async def test_claim_due_stays_an_index_scan_on_a_large_table(store, pool, setti
     await seed_large_table(pool)
     capture = CapturingPool()
     spy = ExecutionStore.from_settings(capture, settings)
+    # Where the buckets live is read from the real database, as the store
+    # would at first need; the spy records only the statement under test.
+    spy.config.placement.placement = await read_placement(pool)
     if method == "claim_due":
         await spy.leases.claim_due(10, LEASE, "worker-1")
     else:
