@@ -58,6 +58,7 @@ from app.tools.soak_processes import (
     CHILD_SETTINGS,
     Processes,
     free_port,
+    log_tail,
     short_tempdir,
     wait_ready,
 )
@@ -115,6 +116,12 @@ async def _soak(procs: Processes, url: str, args: argparse.Namespace, lease_seco
         verified = await verify(conn, pattern, admissions.admitted)
         for c in procs.reap_exited():
             chaos.unexpected_exits.append(f"{c.name} ({c.worker_id}) exit {c.proc.returncode}")
+        if verified["non_terminal"]:
+            # What the live workers last warned of (the logs stay on disk).
+            verified["_examples"]["worker log"] = [
+                {"worker": c.name, "line": line[:300]}
+                for c in procs.workers if c.alive()
+                for line in log_tail(procs.log_dir / f"{c.name}.log", 3)]
         return {
             "run": run,
             "admit_seconds": admit_seconds,

@@ -192,3 +192,13 @@ async def http_get(port: int, path: str) -> int:
         return int(status.split()[1])
     finally:
         writer.close()
+
+
+def log_tail(path: Path, n: int) -> list[str]:
+    """The last `n` warning or error lines of a child's log (JSON lines)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines
+            if '"level": "warning"' in line or '"level": "error"' in line][-n:]

@@ -141,5 +141,38 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
         "step_rows_inconsistent": len(inconsistent),
         "wrong_results": wrong_results,
         "terminal_outcomes_more_than_once": terminal_twice,
-        "_examples": {"stale": stale[:10], "twice": twice[:10], "inconsistent": inconsistent[:10]},
+        "_examples": {"stale": stale[:10], "twice": twice[:10], "inconsistent": inconsistent[:10],
+                      **(await _why_stuck(conn, pattern))},
     }
+
+
+async def _why_stuck(conn: asyncpg.Connection, pattern: str) -> dict[str, list[dict]]:
+    """When executions are left open: a few of them as their rows stand
+    (times relative to the database's now) and the database's sessions that
+    are not idle, so a failed drain says what held it up."""
+    stuck = [dict(r) for r in await conn.fetch(
+        """
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
+        SELECT execution_id, status, token, lease_owner,
+               round(extract(epoch FROM lease_expires_at - now())::numeric, 2) AS lease_left_s,
+               round(extract(epoch FROM due_at - now())::numeric, 2) AS due_in_s,
+               round(extract(epoch FROM redeliver_after - now())::numeric, 2)
+                   AS redeliver_in_s,
+               unacknowledged_deliveries,
+               round(extract(epoch FROM now() - updated_at)::numeric, 2) AS updated_s_ago
+        FROM executions WHERE execution_id LIKE $1 AND status <> ALL($2::text[])
+        ORDER BY updated_at LIMIT 8
+        """, pattern, list(TERMINAL))]
+    if not stuck:
+        return {}
+    sessions = [dict(r) for r in await conn.fetch(
+        r"""
+        SELECT application_name AS app, state, wait_event_type, wait_event,
+               round(extract(epoch FROM now() - xact_start)::numeric, 2) AS xact_s,
+               left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS query
+        FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND state IS DISTINCT FROM 'idle'
+        ORDER BY xact_start NULLS LAST LIMIT 12
+        """)]
+    return {"open": stuck, "session": sessions}

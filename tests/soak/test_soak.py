@@ -32,7 +32,7 @@ async def test_one_minute_soak_keeps_every_invariant(database_url, tmp_path):
         timeout=220,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-12000:]}"
     assert len(lines) == 1, report
     print(lines[0])  # the soak's JSON line, for the record (pytest -s shows it)
     line = json.loads(lines[0])
