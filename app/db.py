@@ -83,5 +83,9 @@ async def create_pool(settings: Settings, *, min_size: int | None = None, max_si
             "application_name": application_name,
             "statement_timeout": str(int(settings.statement_timeout_seconds * 1000)),
             "timezone": "UTC",
+            # Every statement of ours is short: compiling one with JIT (tens
+            # of ms of CPU) never pays, and a generic plan's estimate can
+            # cross jit_above_cost on every call (the claim's queue limits did).
+            "jit": "off",
         },
     )

@@ -11,6 +11,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from app.db import asyncpg_dsn, create_pool
 from app.reaper import LeaseReaper
 from app.store import (
     ExecutionStore,
@@ -657,3 +658,26 @@ async def test_claim_due_stays_an_index_scan_on_a_large_table(store, pool, setti
         ]
     else:
         assert sorted((await store.leases.reap_expired(500)).execution_ids) == ["expired-1", "expired-2"]
+
+
+async def test_the_pool_never_jit_compiles_a_statement(database_url, settings):
+    """A claim's queue-limits function JIT-compiled a one-row query on every
+    claim once the executions table grew (its generic plan's estimate
+    crossed jit_above_cost): ~70 ms of CPU per claim on a Postgres built with
+    JIT, which starved a two-CPU machine (CI's soak). Fencepost's statements
+    are short; compiling one never pays. The pool's sessions run without JIT
+    even where the database asks for it on every statement."""
+    admin = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        name = await admin.fetchval("SELECT current_database()")
+        await admin.execute(f'ALTER DATABASE "{name}" SET jit = on')
+        await admin.execute(f'ALTER DATABASE "{name}" SET jit_above_cost = 0')
+    finally:
+        await admin.close()
+    pool = await create_pool(settings)
+    try:
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT current_setting('jit_above_cost')") == "0"
+            assert await conn.fetchval("SELECT current_setting('jit')") == "off"
+    finally:
+        await pool.close()
