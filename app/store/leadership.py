@@ -36,17 +36,21 @@ class MaintenanceLeases(StoreObject):
         concurrent takeovers: exactly one of them finds the lease expired."""
         row = await self.db.fetchrow(
             """
-            INSERT INTO maintenance_leases AS m (role, holder, token, expires_at)
-            VALUES ($1, $2, 1, now() + make_interval(secs => $3::float8))
+            -- The time is the inserted row's (excluded.renewed_at, now()):
+            -- Citus refuses now() in ON CONFLICT DO UPDATE (a reference table).
+            INSERT INTO maintenance_leases AS m
+                (role, holder, token, acquired_at, renewed_at, expires_at)
+            VALUES ($1, $2, 1, now(), now(), now() + make_interval(secs => $3::float8))
             ON CONFLICT (role) DO UPDATE
             SET holder = excluded.holder,
-                token = CASE WHEN m.holder = excluded.holder AND m.expires_at > now()
+                token = CASE WHEN m.holder = excluded.holder AND m.expires_at > excluded.renewed_at
                              THEN m.token ELSE m.token + 1 END,
-                acquired_at = CASE WHEN m.holder = excluded.holder AND m.expires_at > now()
-                                   THEN m.acquired_at ELSE now() END,
-                renewed_at = now(),
+                acquired_at = CASE WHEN m.holder = excluded.holder
+                                        AND m.expires_at > excluded.renewed_at
+                                   THEN m.acquired_at ELSE excluded.acquired_at END,
+                renewed_at = excluded.renewed_at,
                 expires_at = excluded.expires_at
-            WHERE m.holder = excluded.holder OR m.expires_at <= now()
+            WHERE m.holder = excluded.holder OR m.expires_at <= excluded.renewed_at
             RETURNING role, holder, token, expires_at
             """,
             role, holder, ttl_seconds,

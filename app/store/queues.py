@@ -33,9 +33,12 @@ class Queues(StoreObject):
                 WITH d AS (
                     SELECT name, settings FROM unnest($1::text[], $2::jsonb[]) AS d(name, settings)
                 ), up AS (
-                    INSERT INTO queues AS q (name, declared)
-                    SELECT name, settings FROM d
-                    ON CONFLICT (name) DO UPDATE SET declared = excluded.declared, updated_at = now()
+                    -- The time is the inserted row's: Citus refuses now() in
+                    -- ON CONFLICT DO UPDATE (queues is a reference table).
+                    INSERT INTO queues AS q (name, declared, updated_at)
+                    SELECT name, settings, now() FROM d
+                    ON CONFLICT (name) DO UPDATE
+                    SET declared = excluded.declared, updated_at = excluded.updated_at
                     WHERE q.declared IS DISTINCT FROM excluded.declared
                     RETURNING q.name, q.declared
                 )
@@ -58,10 +61,11 @@ class Queues(StoreObject):
             row = await db.fetchrow(
                 """
                 WITH up AS (
-                    INSERT INTO queues AS q (name, override) VALUES ($1, $2::jsonb)
+                    INSERT INTO queues AS q (name, override, updated_at)
+                    VALUES ($1, $2::jsonb, now())
                     ON CONFLICT (name) DO UPDATE
                     SET override = (q.override - $3::text[]) || excluded.override,
-                        updated_at = now()
+                        updated_at = excluded.updated_at
                     RETURNING q.name
                 ), ch AS (
                     INSERT INTO queue_changes (queue, actor, change)

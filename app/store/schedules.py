@@ -119,12 +119,15 @@ class Schedules(StoreObject):
         neither refires nor forgets slots); code owns the definition."""
         row = await self.db.fetchrow(
             f"""
-            INSERT INTO schedules (schedule_id, workflow_id, cron, timezone, params, source)
-            VALUES ($1, $2, $3, $4, $5, 'code')
+            -- The time is the inserted row's: Citus refuses now() in ON
+            -- CONFLICT DO UPDATE (schedules is a reference table).
+            INSERT INTO schedules (schedule_id, workflow_id, cron, timezone, params, source,
+                                   updated_at)
+            VALUES ($1, $2, $3, $4, $5, 'code', now())
             ON CONFLICT (schedule_id) DO UPDATE
             SET workflow_id = excluded.workflow_id, cron = excluded.cron,
                 timezone = excluded.timezone, params = excluded.params, source = 'code',
-                updated_at = now()
+                updated_at = excluded.updated_at
             WHERE (schedules.workflow_id, schedules.cron, schedules.timezone, schedules.params,
                    schedules.source)
                   IS DISTINCT FROM (excluded.workflow_id, excluded.cron, excluded.timezone,

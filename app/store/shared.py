@@ -72,8 +72,11 @@ class SharedSettings(StoreObject):
             """
             WITH old AS (SELECT value FROM shared_settings WHERE name = $1),
             up AS (
-                INSERT INTO shared_settings (name, value) VALUES ($1, $2::jsonb)
-                ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = now()
+                -- The time is the inserted row's: Citus refuses now() in ON
+                -- CONFLICT DO UPDATE (shared_settings is a reference table).
+                INSERT INTO shared_settings (name, value, updated_at) VALUES ($1, $2::jsonb, now())
+                ON CONFLICT (name) DO UPDATE
+                SET value = excluded.value, updated_at = excluded.updated_at
                 RETURNING value, updated_at
             )
             SELECT up.value, up.updated_at, (SELECT value FROM old) AS previous FROM up

@@ -20,14 +20,19 @@ class Workers(StoreObject):
         holder's row is returned, unchanged; None when registered."""
         registered = await self.db.fetchval(
             """
-            INSERT INTO workers (worker_id, host, pid, workflows, concurrency, versions)
-            VALUES ($1, $2, $3, $4, $5, $7)
+            -- The time is the inserted row's (excluded.started_at): Citus
+            -- refuses now() in ON CONFLICT DO UPDATE (workers is a reference table).
+            INSERT INTO workers (worker_id, host, pid, workflows, concurrency, versions,
+                                 started_at, heartbeat_at)
+            VALUES ($1, $2, $3, $4, $5, $7, now(), now())
             ON CONFLICT (worker_id) DO UPDATE
             SET host = excluded.host, pid = excluded.pid, workflows = excluded.workflows,
-                versions = excluded.versions, concurrency = excluded.concurrency, started_at = now(), heartbeat_at = now(),
+                versions = excluded.versions, concurrency = excluded.concurrency,
+                started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
                 stopped_at = NULL
             WHERE $6::float8 IS NULL OR workers.stopped_at IS NOT NULL
-               OR workers.heartbeat_at <= now() - make_interval(secs => $6::float8)
+               -- (timestamptz - timestamptz: IMMUTABLE, as Citus requires here)
+               OR excluded.started_at - workers.heartbeat_at >= make_interval(secs => $6::float8)
                OR (workers.host = excluded.host AND workers.pid = excluded.pid)
             RETURNING true
             """,
