@@ -466,41 +466,57 @@ def reason_sql(r: str = "r", live: str = "NULL::text[]", q: str | None = None,
 # per key over ix_executions_queue_held and ix_queue_starts_queue. Put after
 # WITH; queue_state_joins joins them to the healed record.
 QUEUE_STATE_CTES = """
--- Citus: what each queue and key holds, counted over every bucket (multi-shard)
-queue_state AS MATERIALIZED (
+-- Citus: what each queue and key holds, counted over every bucket (multi-shard).
+-- Executions are counted by joins, not by subqueries correlated with a
+-- queue's row: Citus refuses those over a distributed table when the FROM
+-- clause holds a reference table (queues).
+held AS MATERIALIZED (
+    SELECT e.queue, count(*)::integer AS running
+    FROM executions e JOIN queue_settings s ON s.name = e.queue
+    WHERE e.status IN ('running', 'suspended')
+      AND ((e.status = 'running' AND e.lease_expires_at > now())
+           OR (s.hold_while_suspended AND e.status = 'suspended'))
+    GROUP BY e.queue
+), queue_state AS MATERIALIZED (
     SELECT s.name, s.paused, s.concurrency, s.per_key_concurrency, s.rate_limit, s.rate_period,
-           s.rate_per_key, s.hold_while_suspended,
-           (SELECT count(*) FROM executions e
-            WHERE e.queue = s.name AND e.status IN ('running', 'suspended')
-              AND ((e.status = 'running' AND e.lease_expires_at > now())
-                   OR (s.hold_while_suspended AND e.status = 'suspended')))::integer AS running,
+           s.rate_per_key, s.hold_while_suspended, coalesce(h.running, 0) AS running,
            st.starts, st.oldest_start
     FROM queue_settings s
+    LEFT JOIN held h ON h.queue = s.name
     LEFT JOIN LATERAL (
-        -- Starts of a queue rate-limited per queue (per key: key_state).
+        -- Starts of a queue rate-limited per queue (per key: key_state), one
+        -- index probe per queue (queue_starts and queues: reference tables,
+        -- which Citus lets a subquery correlate).
         SELECT count(*)::integer AS starts, min(x.started_at) AS oldest_start
         FROM queue_starts x
         WHERE x.queue = s.name AND x.started_at > now() - make_interval(secs => s.rate_period)
     ) st ON s.rate_limit IS NOT NULL AND NOT s.rate_per_key
 ), key_state AS MATERIALIZED (
-    SELECT s.name AS queue, h.concurrency_key, sum(h.held)::integer AS running,
+    SELECT h.queue, h.concurrency_key, sum(h.held)::integer AS running,
            sum(h.started)::integer AS starts, min(h.started_at) AS oldest_start
-    FROM queue_settings s, LATERAL (
-        SELECT e.concurrency_key, 1 AS held, 0 AS started, NULL::timestamptz AS started_at
-        FROM executions e
+    FROM (
+        SELECT e.queue, e.concurrency_key, count(*) AS held, 0 AS started,
+               NULL::timestamptz AS started_at
+        FROM executions e JOIN queue_settings s ON s.name = e.queue
         WHERE s.per_key_concurrency IS NOT NULL
-          AND e.queue = s.name AND e.status IN ('running', 'suspended')
+          AND e.status IN ('running', 'suspended')
           AND e.concurrency_key IS NOT NULL
           AND ((e.status = 'running' AND e.lease_expires_at > now())
                OR (s.hold_while_suspended AND e.status = 'suspended'))
+        GROUP BY e.queue, e.concurrency_key
         UNION ALL
-        SELECT x.concurrency_key, 0, 1, x.started_at
-        FROM queue_starts x
-        WHERE s.rate_limit IS NOT NULL AND s.rate_per_key
-          AND x.queue = s.name AND x.concurrency_key IS NOT NULL
-          AND x.started_at > now() - make_interval(secs => s.rate_period)
+        -- Starts per key, one index probe per queue rate-limited per key.
+        SELECT s.name, x.concurrency_key, 0, x.started, x.started_at
+        FROM queue_settings s, LATERAL (
+            SELECT x.concurrency_key, count(*) AS started, min(x.started_at) AS started_at
+            FROM queue_starts x
+            WHERE s.rate_limit IS NOT NULL AND s.rate_per_key
+              AND x.queue = s.name AND x.concurrency_key IS NOT NULL
+              AND x.started_at > now() - make_interval(secs => s.rate_period)
+            GROUP BY x.concurrency_key
+        ) x
     ) h
-    GROUP BY s.name, h.concurrency_key
+    GROUP BY h.queue, h.concurrency_key
 )"""
 
 

@@ -20,6 +20,7 @@ NOTHING = Rows(0, 0, 0)
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.citus
 async def test_admit_returns_201_location_and_admitted(client, rows):
     r = await client.post(
         "/v1/executions",
