@@ -22,6 +22,7 @@ from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import ClaimRotation, placement_of
 from app.store.policy import CANCELLED_OUTCOME, SWEEP, TIMED_OUT_OUTCOME, settle
 from app.store.retry import RetryingPool
@@ -217,6 +218,77 @@ CARRIED = """($6::text[] IS NULL OR (e.workflow_id = ANY($6::text[])
                  AND (e.code_version IS NULL OR $9::text[] IS NULL OR EXISTS (
                      SELECT 1 FROM unnest($6::text[], $9::text[]) AS c(workflow_id, version)
                      WHERE c.workflow_id = e.workflow_id AND c.version = e.code_version))))"""
+
+
+# A holder's renewal of its leases ($1, $2: execution and token, parallel;
+# $3: the lease's length in seconds): one row per lease renewed, and one per
+# lease whose row another transaction holds (busy); the others are lost.
+_RENEW = OnShard("renew", """
+WITH held AS (
+    -- On Citus: the leases of one shard (see Leases.renew_with_interrupts).
+    SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
+), free AS (
+    -- A row locked by a running transactional step (or a step write) is
+    -- skipped this round rather than waited for: one long transaction must
+    -- not stall the renewal of every other lease in the batch. Skipped
+    -- leases are neither renewed nor lost.
+    SELECT e.execution_id
+    FROM executions e
+    JOIN held h
+        ON e.execution_id = h.execution_id
+       AND e.bucket = fencepost_bucket(h.execution_id)
+    FOR NO KEY UPDATE OF e SKIP LOCKED
+), renewed AS (
+    UPDATE executions e
+    -- Bounded even when the holder's code never returns: a lease never
+    -- reaches past the end of the cleanup window after a cancel request or
+    -- the deadline; a wedged holder's lease then lapses and the reaper ends
+    -- the execution.
+    SET lease_expires_at = least(now() + make_interval(secs => $3),
+            coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                                            e.cleanup_seconds), 'infinity'))
+    FROM held h
+    -- The fence: current token and a lease not ended by acknowledge,
+    -- release or the reaper; the row lock (taken in `free`, on this one
+    -- node on Citus) makes the check and the write one.
+    WHERE e.execution_id = h.execution_id
+      AND e.bucket = fencepost_bucket(h.execution_id) AND e.token = h.token
+      AND e.status = 'running'
+      AND e.execution_id IN (SELECT execution_id FROM free)
+    RETURNING e.execution_id, e.token, e.lease_expires_at,
+              CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
+                   WHEN e.deadline <= now() THEN 'deadline' END AS interrupt,
+              extract(epoch FROM fencepost_cleanup_ends(
+                  e.cancel_requested_at, e.deadline, e.cleanup_seconds)
+                  - now())::float8 AS remaining
+), ev AS (
+    -- Lost to a newer claim or to the reaper; a lease this holder has just
+    -- ended itself (acknowledged: same token, counter 0; or released) is
+    -- not news.
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token)
+    SELECT """ + NEXT_EVENT_ID + """, h.execution_id, fencepost_bucket(h.execution_id),
+           'renewal_lost', h.token
+    FROM held h
+    JOIN executions e
+        ON e.execution_id = h.execution_id
+       AND e.bucket = fencepost_bucket(h.execution_id)
+    WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
+      AND h.execution_id IN (SELECT execution_id FROM free)
+      AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
+      AND NOT EXISTS (SELECT 1 FROM execution_events x
+                      WHERE x.execution_id = h.execution_id
+                        AND x.bucket = fencepost_bucket(h.execution_id)
+                        AND x.token = h.token
+                        AND x.kind = 'released')
+)
+SELECT execution_id, token, lease_expires_at, interrupt, remaining, false AS busy
+FROM renewed
+UNION ALL
+SELECT execution_id, token, NULL, NULL, NULL, true FROM held
+WHERE execution_id NOT IN (SELECT execution_id FROM free)
+""", ("text[]", "bigint[]", "float8"), (
+    ("execution_id", "text"), ("token", "bigint"), ("lease_expires_at", "timestamptz"),
+    ("interrupt", "text"), ("remaining", "float8"), ("busy", "boolean")))
 
 
 class Claimed(list[Delivery]):
@@ -553,7 +625,8 @@ class Leases(StoreObject):
     async def renew(
         self, leases: list[Lease], duration: float
     ) -> tuple[list[Lease], list[Lease]]:
-        """Extend every lease that is still current, in one statement.
+        """Extend every lease that is still current, in one statement (on
+        Citus, one per shard the leases are in).
         Returns (renewed, lost); a lost lease must stop its delivery.
         `interrupts` (see renew_with_interrupts) says which renewed leases
         should stop at their next step: cancel requested, deadline passed."""
@@ -568,73 +641,21 @@ class Leases(StoreObject):
         the cleanup window)}. Such a lease is not extended past the window."""
         if not leases:
             return [], [], {}
-        rows = await self.db.fetch(
-            """
-            WITH held AS (
-                -- Citus: a worker's leases are in many buckets.
-                SELECT * FROM unnest($1::text[], $2::bigint[]) AS h(execution_id, token)
-            ), free AS (
-                -- A row locked by a running transactional step (or a step
-                -- write) is skipped this round rather than waited for: one
-                -- long transaction must not stall the renewal of every other
-                -- lease in the batch. Skipped leases are neither renewed nor lost.
-                SELECT e.execution_id
-                FROM executions e
-                JOIN held h
-                    ON e.execution_id = h.execution_id
-                   AND e.bucket = fencepost_bucket(h.execution_id)
-                FOR NO KEY UPDATE OF e SKIP LOCKED
-            ), renewed AS (
-                UPDATE executions e
-                -- Bounded even when the holder's code never returns: a lease
-                -- never reaches past the end of the cleanup window after a
-                -- cancel request or the deadline; a wedged holder's lease
-                -- then lapses and the reaper ends the execution.
-                SET lease_expires_at = least(now() + make_interval(secs => $3),
-                        coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
-                                                        e.cleanup_seconds), 'infinity'))
-                FROM held h
-                -- Current token and a lease not ended by acknowledge, release
-                -- or the reaper; the row lock makes check and write one.
-                WHERE e.execution_id = h.execution_id
-                  AND e.bucket = fencepost_bucket(h.execution_id) AND e.token = h.token
-                  AND e.status = 'running'
-                  AND e.execution_id IN (SELECT execution_id FROM free)
-                RETURNING e.execution_id, e.token, e.lease_expires_at,
-                          CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancel'
-                               WHEN e.deadline <= now() THEN 'deadline' END AS interrupt,
-                          extract(epoch FROM fencepost_cleanup_ends(
-                              e.cancel_requested_at, e.deadline, e.cleanup_seconds)
-                              - now())::float8 AS remaining
-            ), ev AS (
-                -- Lost to a newer claim or to the reaper; a lease this holder
-                -- has just ended itself (acknowledged: same token, counter 0;
-                -- or released) is not news.
-                INSERT INTO execution_events (execution_id, bucket, kind, token)
-                SELECT h.execution_id, fencepost_bucket(h.execution_id), 'renewal_lost', h.token
-                FROM held h
-                JOIN executions e
-                    ON e.execution_id = h.execution_id
-                   AND e.bucket = fencepost_bucket(h.execution_id)
-                WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
-                  AND h.execution_id IN (SELECT execution_id FROM free)
-                  AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
-                  AND NOT EXISTS (SELECT 1 FROM execution_events x
-                                  WHERE x.execution_id = h.execution_id
-                                    AND x.bucket = fencepost_bucket(h.execution_id)
-                                    AND x.token = h.token
-                                    AND x.kind = 'released')
-            )
-            SELECT execution_id, token, lease_expires_at, interrupt, remaining, false AS busy
-            FROM renewed
-            UNION ALL
-            SELECT execution_id, token, NULL, NULL, NULL, true FROM held
-            WHERE execution_id NOT IN (SELECT execution_id FROM free)
-            """,
-            [lease.execution_id for lease in leases],
-            [lease.token for lease in leases],
-            float(duration),
-        )
+        placement = await placement_of(self.db, self.config.placement)
+
+        async def renew_part(part: list[Lease], buckets: list[int] | None
+                             ) -> list[asyncpg.Record | None]:
+            got = {(r["execution_id"], r["token"]): r for r in await _RENEW.fetch(
+                self.db, buckets, [lease.execution_id for lease in part],
+                [lease.token for lease in part], float(duration))}
+            return [got.get((lease.execution_id, lease.token)) for lease in part]
+
+        # On Citus one statement per shard the leases are in, each on its
+        # shard, all at once; each renews (or skips) its own leases alone.
+        answers = await placement.per_shard(
+            leases, lambda lease: lease.execution_id, renew_part,
+            concurrently=isinstance(self.db, RetryingPool))
+        rows = [r for r in answers if r is not None]
         busy = {(r["execution_id"], r["token"]) for r in rows if r["busy"]}
         expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"]
                   for r in rows if not r["busy"]}

@@ -1,10 +1,11 @@
-"""Step writes on Citus run on the shard that owns them (app/store/on_shard.py):
-each OnShard call is delegated to the one node holding its bucket's shard
+"""Step writes and lease renewals on Citus run on the shard that owns them
+(app/store/on_shard.py): each OnShard call is delegated to the one node holding its bucket's shard
 (EXPLAIN), a call carrying rows of a bucket on another shard (a placement
 read before a split) is refused, a write is fenced there (a stale token refused, with its event),
 a batch over many shards is answered write by write in order, and the fence
 is atomic on the shard: a write waiting for the row while a takeover bumps
-the token is refused once the row is free."""
+the token is refused once the row is free. A renewal over many shards renews
+the current leases, loses the stale ones and skips rows held elsewhere."""
 
 from __future__ import annotations
 
@@ -143,3 +144,45 @@ async def test_rows_sent_to_the_wrong_shard_are_refused(database_url: str,
     assert await store.pool.fetchval(
         "SELECT count(*) FROM execution_steps WHERE bucket = fencepost_bucket($1) "
         "AND execution_id = $1", "wrong-1") == 0
+
+
+async def test_renewals_over_many_shards_renew_the_current_leases_alone(
+        database_url: str, store: ExecutionStore) -> None:
+    """One renewal of a worker's leases in many shards: each current lease is
+    extended on its shard, a stale one is lost (with its event), and one whose
+    row another transaction holds is neither (tried again next round)."""
+    ids = [f"renew-{i}" for i in range(40)]
+    assert len({bucket_of(i) for i in ids}) > 20
+    await _running(database_url, ids, token=2)
+    leases = [Lease(eid, 1 if i % 7 == 0 else 2, None, "w") for i, eid in enumerate(ids)]
+    holder = await asyncpg.connect(database_url)
+    try:
+        await holder.execute("UPDATE executions SET lease_expires_at = now() + interval '1 minute' "
+                             "WHERE execution_id = ANY($1::text[])", ids)
+        tx = holder.transaction()
+        await tx.start()
+        # A transactional step of renew-1 in progress: its row is locked.
+        await holder.execute(
+            "UPDATE executions SET updated_at = now() WHERE bucket = fencepost_bucket($1) "
+            "AND execution_id = $1", "renew-1")
+        renewed, lost, interrupts = await store.leases.renew_with_interrupts(leases, 600)
+        await tx.rollback()
+    finally:
+        await holder.close()
+    assert sorted(lease.execution_id for lease in lost) == sorted(ids[::7])
+    assert sorted(lease.execution_id for lease in renewed) == sorted(
+        eid for i, eid in enumerate(ids) if i % 7 and eid != "renew-1")
+    assert interrupts == {}
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT execution_id, lease_expires_at > now() + interval '5 minutes' AS extended "
+            "FROM executions WHERE execution_id = ANY($1::text[])", ids)
+        lost_events = await conn.fetch(
+            "SELECT execution_id, token FROM execution_events WHERE kind = 'renewal_lost'")
+    finally:
+        await conn.close()
+    assert sorted(r["execution_id"] for r in rows if r["extended"]) == sorted(
+        lease.execution_id for lease in renewed)
+    assert sorted((r["execution_id"], r["token"]) for r in lost_events) == sorted(
+        (eid, 1) for eid in ids[::7])
