@@ -216,8 +216,7 @@ class Admissions(StoreObject):
             # failed is answered alone, request by request, and the others
             # keep their answers (admitted is admitted).
             rows = await (await self._placement()).per_shard(
-                requests, lambda r: r.execution_id, self._admit_part,
-                concurrently=isinstance(self.db, RetryingPool), on_error=_each_alone)
+                requests, lambda r: r.execution_id, self._admit_part, on_error=_each_alone)
         except Exception as exc:
             if is_infrastructure(exc):  # the database failing: every request's answer
                 raise

@@ -25,8 +25,10 @@ from app.store.types import (
 )
 
 # Every statement that can end an execution wakes its parent in the same
-# statement, so a parent waiting for a child cannot miss the end. `{ended}`
-# names a CTE returning (parent_execution_id, status) of the rows it ended.
+# statement (this CTE) or in the same transaction (policy.after_ends, where a
+# parent may be on another Citus shard), so a parent waiting for a child
+# cannot miss the end. `{ended}` names a CTE returning (parent_execution_id,
+# status) of the rows it ended.
 # In the final select list of every statement that ends executions (the
 # CTE `{ended}` returns execution_id and status): one notice per ended ID a
 # long-poll waits for (watched_executions). A NOTIFY serializes commits across

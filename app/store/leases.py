@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, cast
 
 import asyncpg
@@ -23,8 +24,8 @@ from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.on_shard import NEXT_EVENT_ID, OnShard
-from app.store.placement import ClaimRotation, placement_of
-from app.store.policy import CANCELLED_OUTCOME, SWEEP, TIMED_OUT_OUTCOME, settle
+from app.store.placement import ClaimRotation, Placement, placement_of
+from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME, settle, sweep
 from app.store.retry import RetryingPool
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
@@ -289,6 +290,45 @@ WHERE execution_id NOT IN (SELECT execution_id FROM free)
 """, ("text[]", "bigint[]", "float8"), (
     ("execution_id", "text"), ("token", "bigint"), ("lease_expires_at", "timestamptz"),
     ("interrupt", "text"), ("remaining", "float8"), ("busy", "boolean")))
+
+
+# Expired leases ended by the reaper ($1: at most that many; $2, $3: the
+# redelivery delay's base and cap): status back, counter +1, covered wakes
+# pending again, redelivery delay counted from the expiry.
+_REAP = OnShard("reap", """
+WITH expired AS (
+    -- On Citus: in the buckets of one shard (reap_expired visits each).
+    SELECT execution_id, bucket, lease_owner AS old_owner FROM executions
+    WHERE status = 'running' AND lease_expires_at <= now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), r AS (
+    UPDATE executions e
+    SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+        unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
+        last_unacknowledged_at = e.lease_expires_at,
+        redeliver_after = e.lease_expires_at
+            + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $2, $3),
+        due_at = least(e.due_at, e.covered_due_at),
+        covered_due_at = NULL,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM expired x
+    WHERE e.execution_id = x.execution_id AND e.bucket = x.bucket
+    RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id),
+           'lease_expired', token,
+           jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
+    FROM r
+)
+SELECT execution_id, token, old_owner, last_unacknowledged_at FROM r
+""", ("bigint", "float8", "float8"), (
+    ("execution_id", "text"), ("token", "bigint"), ("old_owner", "text"),
+    ("last_unacknowledged_at", "timestamptz")))
 
 
 class Claimed(list[Delivery]):
@@ -651,10 +691,9 @@ class Leases(StoreObject):
             return [got.get((lease.execution_id, lease.token)) for lease in part]
 
         # On Citus one statement per shard the leases are in, each on its
-        # shard, all at once; each renews (or skips) its own leases alone.
-        answers = await placement.per_shard(
-            leases, lambda lease: lease.execution_id, renew_part,
-            concurrently=isinstance(self.db, RetryingPool))
+        # shard; each renews (or skips) its own leases alone.
+        answers = await placement.per_shard(leases, lambda lease: lease.execution_id,
+                                            renew_part)
         rows = [r for r in answers if r is not None]
         busy = {(r["execution_id"], r["token"]) for r in rows if r["busy"]}
         expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"]
@@ -732,7 +771,8 @@ class Leases(StoreObject):
             )
             if row is None:
                 raise LeaseLost(lease.execution_id, lease.token)
-            return await settle(conn, [lease.execution_id], self.config.max_unacknowledged)
+            return await settle(conn, [lease.execution_id], self.config.max_unacknowledged,
+                                await placement_of(self.db, self.config.placement))
 
         try:
             settled = await self.db.run_in_transaction(end)
@@ -887,64 +927,50 @@ class Leases(StoreObject):
     # -------------------------------------------------------------------- reaper
 
     async def reap_expired(self, limit: int = 500) -> ReapResult:
-        """End expired leases: status back to suspended/admitted, counter +1,
-        covered wakes pending again, redelivery delay counted from the expiry;
-        then, in the same transaction, cancel / time out / park as the rules say."""
-        async def reap(conn: asyncpg.Connection) -> tuple[list[asyncpg.Record], dict[str, str]]:
-            rows = await conn.fetch(
-                """
-                WITH expired AS (
-                    -- Citus: expired leases are looked for in every bucket.
-                    SELECT execution_id, bucket, lease_owner AS old_owner FROM executions
-                    WHERE status = 'running' AND lease_expires_at <= now()
-                    ORDER BY lease_expires_at
-                    LIMIT $1
-                    FOR UPDATE SKIP LOCKED
-                ), r AS (
-                    UPDATE executions e
-                    SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                        unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
-                        last_unacknowledged_at = e.lease_expires_at,
-                        redeliver_after = e.lease_expires_at
-                            + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $2, $3),
-                        due_at = least(e.due_at, e.covered_due_at),
-                        covered_due_at = NULL,
-                        lease_owner = NULL,
-                        lease_expires_at = NULL,
-                        updated_at = now()
-                    FROM expired x
-                    WHERE e.execution_id = x.execution_id AND e.bucket = x.bucket
-                    RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                    SELECT execution_id, fencepost_bucket(execution_id), 'lease_expired', token,
-                           jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
-                    FROM r
-                )
-                SELECT execution_id, token, old_owner, last_unacknowledged_at FROM r
-                """,
-                limit,
-                self.config.redelivery_base,
-                self.config.redelivery_cap,
-            )
-            return rows, await settle(conn, [r["execution_id"] for r in rows],
-                                      self.config.max_unacknowledged)
+        """End expired leases (_REAP), then, in the same transaction, cancel /
+        time out / park as the rules say (policy.settle). At most `limit` in
+        one transaction; on Citus, one transaction per shard, each reaping at
+        most `limit` there."""
+        placement = await placement_of(self.db, self.config.placement)
 
-        rows, settled = await self.db.run_in_transaction(reap)
-        METRICS.lease_takeovers.labels("reaper").inc(len(rows))
-        METRICS.ended(settled.values())
-        for r in rows:
-            _log_takeover(r["execution_id"], r["old_owner"], r["token"], None,
-                          r["last_unacknowledged_at"], settled.get(r["execution_id"]))
-        ids = [r["execution_id"] for r in rows]
+        async def reap(conn: asyncpg.Connection, buckets: list[int] | None
+                       ) -> tuple[list[asyncpg.Record], dict[str, str]]:
+            rows = await _REAP.fetch(conn, buckets, limit, self.config.redelivery_base,
+                                     self.config.redelivery_cap)
+            return rows, await settle(conn, [r["execution_id"] for r in rows],
+                                      self.config.max_unacknowledged, placement)
+
+        ids: list[str] = []
+        for buckets in _each_shard(placement):
+            rows, settled = await self.db.run_in_transaction(partial(reap, buckets=buckets))
+            METRICS.lease_takeovers.labels("reaper").inc(len(rows))
+            METRICS.ended(settled.values())
+            for r in rows:
+                _log_takeover(r["execution_id"], r["old_owner"], r["token"], None,
+                              r["last_unacknowledged_at"], settled.get(r["execution_id"]))
+            ids += [r["execution_id"] for r in rows]
         return ReapResult(len(ids), ids)
 
     async def sweep_interrupted(self, limit: int = 500) -> list[str]:
         """End unheld executions that were cancelled or passed their deadline
-        and can run no cleanup (policy.SWEPT): `cancelled` or `timed_out`."""
-        rows = await self.db.fetch(SWEEP, limit)
-        METRICS.ended(r["status"] for r in rows)
-        return [r["execution_id"] for r in rows]
+        and can run no cleanup (policy.SWEPT): `cancelled` or `timed_out`. At
+        most `limit` in one transaction; on Citus, one per shard."""
+        placement = await placement_of(self.db, self.config.placement)
+        ids: list[str] = []
+        for buckets in _each_shard(placement):
+            rows = await self.db.run_in_transaction(
+                partial(sweep, limit=limit, placement=placement, buckets=buckets))
+            METRICS.ended(r["status"] for r in rows)
+            ids += [r["execution_id"] for r in rows]
+        return ids
+
+
+def _each_shard(placement: Placement) -> list[list[int] | None]:
+    """The buckets a maintenance statement visits in turn: all at once on one
+    Postgres (None), one shard's at a time on Citus."""
+    if not placement.distributed:
+        return [None]
+    return [list(group) for group in placement.groups]
 
 
 def _log_takeover(execution_id: str, old_owner: str | None, token: int, new_owner: str | None,

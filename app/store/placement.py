@@ -41,16 +41,17 @@ class Placement:
 
     async def per_shard(self, items: Sequence[T], execution_id: Callable[[T], str],
                         run: Callable[[list[T], list[int] | None], Awaitable[list[A]]], *,
-                        concurrently: bool = False,
                         on_error: Callable[[list[T], BaseException], list[A]] | None = None,
                         ) -> list[A]:
         """`run(items, None)` on one Postgres; on Citus `run(part, buckets)`
-        for the items of each shard (`buckets`: theirs, all of that shard):
-        one shard after the other, or all at once (`concurrently`: on a pool,
-        each on a connection of its own); the answers in the items' order
-        either way. On Citus each part commits on its own: a part that
-        raised is answered by `on_error(part, exception)` (None: every part
-        runs, then the first error is raised)."""
+        for the items of each shard (`buckets`: theirs, all of that shard),
+        one shard after the other, the answers in the items' order. Not all
+        at once: that opened up to one pool connection per shard, and the new
+        connections' type introspection queued on the coordinator past the
+        statement timeout (tests/citus/test_on_shard_citus.py). On Citus each
+        part commits on its own: a part that raised is answered by
+        `on_error(part, exception)` (None: every part runs, then the first
+        error is raised)."""
         if not self.distributed:
             return await run(list(items), None)
         parts: dict[int, list[int]] = {}
@@ -58,18 +59,13 @@ class Placement:
         for i, bucket in enumerate(buckets):
             parts.setdefault(self.group_of[bucket], []).append(i)
         answers: list[A | None] = [None] * len(items)
-        calls = [(indexes, run([items[i] for i in indexes], [buckets[i] for i in indexes]))
-                 for indexes in parts.values()]
-        if concurrently:
-            results: list[Any] = await asyncio.gather(*(call for _, call in calls),
-                                                      return_exceptions=True)
-        else:
-            results = []
-            for _, call in calls:
-                try:
-                    results.append(await call)
-                except Exception as exc:
-                    results.append(exc)
+        calls = [(indexes, [buckets[i] for i in indexes]) for indexes in parts.values()]
+        results: list[Any] = []
+        for indexes, part_buckets in calls:
+            try:
+                results.append(await run([items[i] for i in indexes], part_buckets))
+            except Exception as exc:
+                results.append(exc)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed and on_error is None:
             raise failed[0]

@@ -12,10 +12,16 @@ no cleanup: never ran, parked, or their cleanup window closed unclaimed.
 
 from __future__ import annotations
 
-from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
+from collections.abc import Sequence
+
+import asyncpg
+
+from app.schema import TERMINAL_STATUSES
 from app.store.handle import Handle
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.placement import SINGLE_NODE, Placement
 from app.store.retry import Connection
-from app.store.types import NOTIFY_CHANNEL
+from app.store.types import ENDED_CHANNEL, NOTIFY_CHANNEL, TERMINAL_SQL
 
 # Outcomes of the terminal ends no workflow code chose.
 CANCELLED_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
@@ -46,9 +52,18 @@ def settled_end(redeliver_after: str, unacknowledged: str, threshold: str) -> st
 
 _END = settled_end("e.redeliver_after", "e.unacknowledged_deliveries", "$2")
 
-_SETTLE = f"""
+# What the statements that end unheld executions answer (settle, sweep): per
+# ended row its new status, its parent and whether a long-poll waits for it
+# (watched_executions), for after_ends.
+_ENDED_COLUMNS = (("execution_id", "text"), ("status", "text"),
+                  ("parent_execution_id", "text"), ("watched", "boolean"))
+_WATCHED = """EXISTS (SELECT 1 FROM watched_executions w
+                     WHERE w.execution_id = s.execution_id
+                       AND w.bucket = fencepost_bucket(s.execution_id)) AS watched"""
+
+_SETTLE = OnShard("settle", f"""
 WITH target AS (
-    -- Citus: the leases a reaper's round ended are in many buckets (a release's: one).
+    -- On Citus: the leases of one shard (settle splits them by shard).
     SELECT execution_id, bucket FROM executions e
     WHERE e.execution_id = ANY($1::text[]) AND e.status IN ('admitted', 'suspended')
       AND {_END} IS NOT NULL
@@ -68,9 +83,9 @@ WITH target AS (
     FROM target t
     WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
     RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries, e.parent_execution_id
-), {WAKE_PARENTS.format(ended="s")}, ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-    SELECT execution_id, fencepost_bucket(execution_id), status, token,
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token,
            CASE WHEN status = 'parked'
                 -- The last reasons the history holds (Retry reasons, failed
                 -- attempts), newest first: what the operator reads first.
@@ -88,12 +103,9 @@ WITH target AS (
            END
     FROM s
 )
--- A woken parent is due now: tell idle workers at commit.
-SELECT execution_id, status,
-       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
-       {ENDED_NOTICE.format(ended="s")}
+SELECT execution_id, status, parent_execution_id, {_WATCHED}
 FROM s
-"""
+""", ("text[]", "integer"), _ENDED_COLUMNS)
 
 # Unheld, interrupted (cancel requested or deadline passed), and no cleanup
 # delivery may run any more: it never ran (nothing to clean up), it is parked,
@@ -108,9 +120,9 @@ SWEPT = """(e.status IN ('admitted', 'suspended', 'parked')
 SWEPT_END = f"""(CASE WHEN coalesce({SWEPT}, false) THEN
     CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'timed_out' END END)"""
 
-SWEEP = f"""
+_SWEEP = OnShard("sweep", f"""
 WITH target AS (
-    -- Citus: a sweep looks through every bucket.
+    -- On Citus: the rows of one shard (sweep_interrupted visits each).
     SELECT execution_id, bucket FROM executions e
     WHERE {SWEPT}
     LIMIT $1
@@ -125,22 +137,83 @@ WITH target AS (
     FROM target t
     WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
     RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
-), {WAKE_PARENTS.format(ended="s")}, ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token)
-    SELECT execution_id, fencepost_bucket(execution_id), status, token FROM s
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token FROM s
 )
-SELECT execution_id, status,
-       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke,
-       {ENDED_NOTICE.format(ended="s")}
+SELECT execution_id, status, parent_execution_id, {_WATCHED}
 FROM s
-"""
+""", ("bigint",), _ENDED_COLUMNS)
 
 
-async def settle(db: Handle | Connection, execution_ids: list[str], threshold: int) -> dict[str, str]:
+# Parents whose children ended ($1): due now, unless ended themselves. Run
+# in the transaction of the statement that ended the children, right after
+# it, so a parent waiting for a child cannot miss the end; a statement of its
+# own, not a CTE of that one, because on Citus a parent's row may be on
+# another shard than its child's.
+_WAKE_PARENTS = OnShard("wake_parents", f"""
+UPDATE executions p SET due_at = least(p.due_at, now()), updated_at = now()
+WHERE p.execution_id = ANY($1::text[]) AND p.bucket = fencepost_bucket(p.execution_id)
+  AND p.status NOT IN {TERMINAL_SQL}
+RETURNING p.execution_id
+""", ("text[]",), (("execution_id", "text"),))
+
+
+async def after_ends(db: Handle | Connection, placement: Placement,
+                     ended: Sequence[asyncpg.Record]) -> None:
+    """What follows the rows `ended` (execution_id, status, parent_execution_id,
+    watched), in the caller's transaction: the parents of those that reached
+    a terminal status are woken (on Citus, one statement per shard they are
+    in), and idle workers and long-polls are told at commit. The notices are
+    sent here, on the caller's connection, not by the statements on the
+    shards: on Citus a NOTIFY there reaches no listener on the coordinator,
+    and a transaction that spans nodes cannot commit one (two-phase commit)."""
+    terminal = [r for r in ended if r["status"] in TERMINAL_STATUSES]
+    parents = sorted({r["parent_execution_id"] for r in terminal
+                      if r["parent_execution_id"] is not None})
+    woken = 0
+    if parents:
+        async def wake(part: list[str], buckets: list[int] | None) -> list[None]:
+            nonlocal woken
+            woken += len(await _WAKE_PARENTS.fetch(db, buckets, part))
+            return [None] * len(part)
+
+        await placement.per_shard(parents, lambda parent: parent, wake)
+    notices = [(ENDED_CHANNEL, r["execution_id"]) for r in terminal if r["watched"]]
+    if woken:
+        notices.append((NOTIFY_CHANNEL, ""))  # a woken parent is due now
+    if notices:
+        await db.fetch("SELECT count(pg_notify(n.channel, n.payload)) "
+                       "FROM unnest($1::text[], $2::text[]) AS n(channel, payload)",
+                       [c for c, _ in notices], [p for _, p in notices])
+
+
+async def settle(db: Handle | Connection, execution_ids: list[str], threshold: int,
+                 placement: Placement = SINGLE_NODE) -> dict[str, str]:
     """Apply cancel / deadline / poison (`threshold` unacknowledged deliveries
-    in a row) to just-ended leases, in the caller's transaction. Returns
-    {execution_id: new status} for those that changed."""
+    in a row) to just-ended leases, in the caller's transaction, then what
+    follows their ends (after_ends). Returns {execution_id: new status} for those
+    that changed."""
     if not execution_ids:
         return {}
-    rows = await db.fetch(_SETTLE, execution_ids, threshold)
+
+    async def settle_part(part: list[str], buckets: list[int] | None
+                          ) -> list[asyncpg.Record | None]:
+        got = {r["execution_id"]: r for r in await _SETTLE.fetch(db, buckets, part, threshold)}
+        return [got.get(execution_id) for execution_id in part]
+
+    rows = [r for r in await placement.per_shard(execution_ids, lambda e: e, settle_part)
+            if r is not None]
+    await after_ends(db, placement, rows)
     return {r["execution_id"]: r["status"] for r in rows}
+
+
+async def sweep(db: Connection, limit: int, placement: Placement,
+                buckets: list[int] | None) -> list[asyncpg.Record]:
+    """End at most `limit` unheld executions a cancel or the deadline left
+    with no cleanup to run (SWEPT), of every bucket (`buckets` None) or of
+    one shard's (Citus: `buckets`, all of one shard), then what follows
+    their ends (after_ends), in the caller's transaction."""
+    rows = await _SWEEP.fetch(db, buckets, limit)
+    await after_ends(db, placement, rows)
+    return rows

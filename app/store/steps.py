@@ -319,8 +319,7 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
     On Citus: one statement per shard the writes are in, each on its shard."""
     return await placement.per_shard(
         writes, lambda w: w.lease.execution_id,
-        lambda part, buckets: _write_steps(db, part, skip_locked, buckets),
-        concurrently=isinstance(db, RetryingPool))
+        lambda part, buckets: _write_steps(db, part, skip_locked, buckets))
 
 
 async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: bool,
