@@ -19,11 +19,12 @@ from app.db import encode_json
 from app.dberrors import is_infrastructure
 from app.metrics import METRICS
 from app.schema import TERMINAL_STATUSES
+from app.store.buckets import bucket_of
 from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
 from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.on_shard import NEXT_ATTEMPT_ID, NEXT_EVENT_ID, OnShard
 from app.store.placement import ClaimRotation, Placement, placement_of
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME, settle, sweep
 from app.store.retry import RetryingPool
@@ -329,6 +330,57 @@ SELECT execution_id, token, old_owner, last_unacknowledged_at FROM r
 """, ("bigint", "float8", "float8"), (
     ("execution_id", "text"), ("token", "bigint"), ("old_owner", "text"),
     ("last_unacknowledged_at", "timestamptz")))
+
+
+# A holder ends its lease without an outcome ($1, $2: execution and token;
+# $3, $4: the redelivery delay's base and cap; $5: the reason, or NULL; $6:
+# the attempts kept): fenced by the token on the row it updates.
+_RELEASE = OnShard("release", """
+WITH r AS (
+    UPDATE executions
+    SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
+        unacknowledged_deliveries = unacknowledged_deliveries + 1,
+        last_unacknowledged_at = now(),
+        redeliver_after = now()
+            + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $3, $4),
+        due_at = least(due_at, covered_due_at),
+        covered_due_at = NULL,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id),
+           'released', token,
+           jsonb_strip_nulls(jsonb_build_object(
+               'unacknowledgedDeliveries', unacknowledged_deliveries,
+               'redeliverAfter', redeliver_after,
+               'reason', $5::jsonb ->> 'message'))
+    FROM r
+), why AS (
+    INSERT INTO attempt_history
+        (attempt_id, execution_id, bucket, step_key, attempt, token, error)
+    SELECT """ + NEXT_ATTEMPT_ID + """, execution_id, fencepost_bucket(execution_id), NULL,
+           unacknowledged_deliveries, token, $5::jsonb
+    FROM r WHERE $5::jsonb IS NOT NULL
+    RETURNING attempt_id
+), trim AS (
+    DELETE FROM attempt_history
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND step_key IS NULL AND EXISTS (SELECT 1 FROM why)
+      AND attempt_id <= (
+          SELECT attempt_id FROM attempt_history
+          WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+            AND step_key IS NULL
+          ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
+)
+SELECT * FROM r
+""", ("text", "bigint", "float8", "float8", "jsonb", "integer"), (
+    ("execution_id", "text"), ("token", "bigint"), ("unacknowledged_deliveries", "integer"),
+    ("redeliver_after", "timestamptz")))
 
 
 class Claimed(list[Delivery]):
@@ -717,62 +769,16 @@ class Leases(StoreObject):
         returned; None when it stays claimable). `reason` ({name, message},
         e.g. the workflow's `Retry("why")`) is kept on the `released` event
         and in the attempt history (the last 20 kept)."""
+        placement = await placement_of(self.db, self.config.placement)
+
         async def end(conn: asyncpg.Connection) -> dict[str, str]:
-            row = await conn.fetchrow(
-                """
-                WITH r AS (
-                    UPDATE executions
-                    SET status = CASE WHEN ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                        unacknowledged_deliveries = unacknowledged_deliveries + 1,
-                        last_unacknowledged_at = now(),
-                        redeliver_after = now()
-                            + fencepost_redelivery_delay(unacknowledged_deliveries + 1, $3, $4),
-                        due_at = least(due_at, covered_due_at),
-                        covered_due_at = NULL,
-                        lease_owner = NULL,
-                        lease_expires_at = NULL,
-                        updated_at = now()
-                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                      AND token = $2 AND status = 'running'
-                    RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                    SELECT execution_id, fencepost_bucket(execution_id), 'released', token,
-                           jsonb_strip_nulls(jsonb_build_object(
-                               'unacknowledgedDeliveries', unacknowledged_deliveries,
-                               'redeliverAfter', redeliver_after,
-                               'reason', $5::jsonb ->> 'message'))
-                    FROM r
-                ), why AS (
-                    INSERT INTO attempt_history
-                        (execution_id, bucket, step_key, attempt, token, error)
-                    SELECT execution_id, fencepost_bucket(execution_id), NULL,
-                           unacknowledged_deliveries, token, $5::jsonb
-                    FROM r WHERE $5::jsonb IS NOT NULL
-                    RETURNING attempt_id
-                ), trim AS (
-                    DELETE FROM attempt_history
-                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                      AND step_key IS NULL AND EXISTS (SELECT 1 FROM why)
-                      AND attempt_id <= (
-                          SELECT attempt_id FROM attempt_history
-                          WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                            AND step_key IS NULL
-                          ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
-                )
-                SELECT * FROM r
-                """,
-                lease.execution_id,
-                lease.token,
-                self.config.redelivery_base,
-                self.config.redelivery_cap,
-                reason,
-                ATTEMPT_HISTORY,
-            )
-            if row is None:
+            if not await _RELEASE.fetch(
+                    conn, [bucket_of(lease.execution_id)] if placement.distributed else None,
+                    lease.execution_id, lease.token, self.config.redelivery_base,
+                    self.config.redelivery_cap, reason, ATTEMPT_HISTORY):
                 raise LeaseLost(lease.execution_id, lease.token)
             return await settle(conn, [lease.execution_id], self.config.max_unacknowledged,
-                                await placement_of(self.db, self.config.placement))
+                                placement)
 
         try:
             settled = await self.db.run_in_transaction(end)

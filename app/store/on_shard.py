@@ -57,11 +57,12 @@ _SAME_SHARD = """    IF EXISTS (SELECT 1 FROM unnest(buckets) AS b
                                 'buckets are: restart it', ERRCODE = 'FPST1';
     END IF;"""
 
-# An event's ID, named in the statement rather than left to the column's
-# default: a shard's table has no default (Citus drops it there, and a shard
-# moved or split is made anew), while on every node the sequence itself
-# exists (on a Citus worker node, drawing from that node's own range).
+# An event's (an attempt's) ID, named in the statement rather than left to
+# the column's default: a shard's table has no default (Citus drops it there,
+# and a shard moved or split is made anew), while on every node the sequence
+# itself exists (on a Citus worker node, drawing from that node's own range).
 NEXT_EVENT_ID = "nextval('public.execution_events_event_id_seq'::regclass)"
+NEXT_ATTEMPT_ID = "nextval('public.attempt_history_attempt_id_seq'::regclass)"
 
 REGISTRY: dict[str, OnShard] = {}
 

@@ -1,8 +1,9 @@
-"""The reaper and the sweep of interrupted executions on Citus, shard by shard
-(Leases.reap_expired, Leases.sweep_interrupted): each runs on the node that
-owns the shard (app/store/on_shard.py), ends what it finds in every shard,
-and a child it ends wakes its parent in the same transaction, also when the
-parent's row is on another node."""
+"""Leases and executions that end without an acknowledgement, on Citus: a
+holder's release, the reaper and the sweep of interrupted executions, shard
+by shard (Leases.release, reap_expired, sweep_interrupted). Each runs on the
+node that owns the shard (app/store/on_shard.py), ends what it finds in every
+shard, and a child it ends wakes its parent in the same transaction, also
+when the parent's row is on another node."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from app.reaper import LeaseReaper
 from app.store import ExecutionStore
 from app.store.buckets import bucket_of
+from app.store.types import Lease, LeaseLost
 
 pytestmark = pytest.mark.citus
 
@@ -53,7 +55,7 @@ async def _on_other_nodes(conn: asyncpg.Connection, prefix: str) -> tuple[str, s
 
 async def _row(conn: asyncpg.Connection, eid: str) -> asyncpg.Record:
     row: asyncpg.Record = await conn.fetchrow(
-        "SELECT status, unacknowledged_deliveries, lease_owner, due_at <= now() AS due "
+        "SELECT status, token, unacknowledged_deliveries, lease_owner, due_at <= now() AS due "
         "FROM executions WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", eid)
     return row
 
@@ -117,5 +119,37 @@ async def test_the_sweep_ends_cancelled_executions_in_every_shard_and_wakes_pare
         assert (await _row(conn, "not-cancelled"))["status"] == "admitted"
         assert (await _row(conn, parent))["due"] is True
         assert await store.leases.sweep_interrupted(500) == []
+    finally:
+        await conn.close()
+
+
+async def test_a_release_is_fenced_and_settled_on_the_shard(
+        database_url: str, store: ExecutionStore) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await _insert(conn, "released", "running", token=2)
+        with pytest.raises(LeaseLost):
+            await store.leases.release(Lease("released", 1, None, "w"))
+        assert (await _row(conn, "released"))["status"] == "running"
+        assert await store.leases.release(
+            Lease("released", 2, None, "w"), reason={"name": "Retry", "message": "later"}) is None
+        row = await _row(conn, "released")
+        assert (row["status"], row["unacknowledged_deliveries"], row["lease_owner"]) == (
+            "admitted", 1, None)
+        kinds = [r["kind"] for r in await conn.fetch(
+            "SELECT kind FROM execution_events WHERE execution_id = $1 "
+            "AND bucket = fencepost_bucket($1) ORDER BY event_id", "released")]
+        assert kinds == ["fenced_write_rejected", "released"]
+        assert await conn.fetchval(
+            "SELECT error->>'message' FROM attempt_history WHERE execution_id = $1 "
+            "AND bucket = fencepost_bucket($1)", "released") == "later"
+
+        # Released after a cancel request: settled cancelled, its parent woken.
+        child, parent = await _on_other_nodes(conn, "released")
+        await _insert(conn, parent, "suspended")
+        await _insert(conn, child, "running", parent=parent, cancelled=True)
+        assert await store.leases.release(Lease(child, 1, None, "w")) == "cancelled"
+        assert (await _row(conn, child))["status"] == "cancelled"
+        assert (await _row(conn, parent))["due"] is True
     finally:
         await conn.close()
