@@ -19,6 +19,8 @@ from app.blocked import (
 )
 from app.schema import TERMINAL_STATUSES
 from app.store.handle import StoreObject
+from app.store.on_shard import OnShard
+from app.store.placement import placement_of
 from app.store.records import (
     AttemptRecord,
     EventRecord,
@@ -37,6 +39,43 @@ from app.store.types import (
     record_columns,
     step_record,
 )
+
+# Ended executions past retention ($1: seconds since their last update; $2:
+# at most that many) deleted with what hangs off them, each leaving its
+# tombstone in the same statement.
+_PRUNE = OnShard("prune", """
+WITH doomed AS (
+    -- On Citus: of one shard (prune_terminal visits each shard).
+    SELECT execution_id, bucket FROM executions
+    WHERE status IN ('completed', 'failed', 'cancelled', 'timed_out')
+      AND updated_at < now() - make_interval(secs => $1)
+    ORDER BY updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), ev AS (
+    DELETE FROM execution_events
+    WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
+), lo AS (
+    DELETE FROM late_observations
+    WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
+), d AS (
+    -- Re-checked on the locked row: only terminal records go.
+    DELETE FROM executions
+    WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
+      AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
+    RETURNING execution_id, token, workflow_id
+), tomb AS (
+    -- Every deleted row leaves its tombstone, or the delete does not commit.
+    INSERT INTO retired_executions AS r (execution_id, bucket, last_token, workflow_id)
+    SELECT d.execution_id, fencepost_bucket(d.execution_id), d.token, d.workflow_id
+    FROM d
+    ON CONFLICT (execution_id, bucket) DO UPDATE
+    SET last_token = greatest(r.last_token, EXCLUDED.last_token),
+        workflow_id = EXCLUDED.workflow_id, retired_at = now()
+    RETURNING 1
+)
+SELECT count(*) AS pruned FROM tomb
+""", ("float8", "bigint"), (("pruned", "bigint"),))
 
 
 class History(StoreObject):
@@ -445,44 +484,14 @@ class History(StoreObject):
         (steps, signals and effects go by ON DELETE CASCADE), and leave a
         tombstone (ID, last token, workflow) for each in the same statement:
         the ID stays taken for good (admission refuses it) and its fencing
-        token never restarts."""
-        return int(await self.db.fetchval(
-            """
-            -- Citus: a sweep over ended executions of every bucket (multi-shard)
-            WITH doomed AS (
-                SELECT execution_id, bucket FROM executions
-                WHERE status IN ('completed', 'failed', 'cancelled', 'timed_out')
-                  AND updated_at < now() - make_interval(secs => $1)
-                ORDER BY updated_at
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED
-            ), ev AS (
-                DELETE FROM execution_events
-                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
-            ), lo AS (
-                DELETE FROM late_observations
-                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
-            ), d AS (
-                -- Re-checked on the locked row: only terminal records go.
-                DELETE FROM executions
-                WHERE (execution_id, bucket) IN (SELECT execution_id, bucket FROM doomed)
-                  AND status IN ('completed', 'failed', 'cancelled', 'timed_out')
-                RETURNING execution_id, token, workflow_id
-            ), tomb AS (
-                -- Every deleted row leaves its tombstone, or the delete does not commit.
-                INSERT INTO retired_executions (execution_id, bucket, last_token, workflow_id)
-                SELECT d.execution_id, fencepost_bucket(d.execution_id), d.token, d.workflow_id
-                FROM d
-                ON CONFLICT (execution_id, bucket) DO UPDATE
-                SET last_token = greatest(retired_executions.last_token, EXCLUDED.last_token),
-                    workflow_id = EXCLUDED.workflow_id, retired_at = now()
-                RETURNING 1
-            )
-            SELECT count(*) FROM tomb
-            """,
-            float(older_than_seconds),
-            limit,
-        ))
+        token never restarts. On Citus, up to `limit` in each shard, each
+        shard's in a statement on its node."""
+        placement = await placement_of(self.db, self.config.placement)
+        pruned = 0
+        for buckets in placement.each_shard():
+            [row] = await _PRUNE.fetch(self.db, buckets, float(older_than_seconds), limit)
+            pruned += row["pruned"]
+        return pruned
 
 
 

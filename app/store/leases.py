@@ -25,7 +25,7 @@ from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.on_shard import NEXT_ATTEMPT_ID, NEXT_EVENT_ID, OnShard
-from app.store.placement import ClaimRotation, Placement, placement_of
+from app.store.placement import ClaimRotation, placement_of
 from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME, settle, sweep
 from app.store.retry import RetryingPool
 from app.store.steps import ATTEMPT_HISTORY
@@ -947,7 +947,7 @@ class Leases(StoreObject):
                                       self.config.max_unacknowledged, placement)
 
         ids: list[str] = []
-        for buckets in _each_shard(placement):
+        for buckets in placement.each_shard():
             rows, settled = await self.db.run_in_transaction(partial(reap, buckets=buckets))
             METRICS.lease_takeovers.labels("reaper").inc(len(rows))
             METRICS.ended(settled.values())
@@ -963,20 +963,12 @@ class Leases(StoreObject):
         most `limit` in one transaction; on Citus, one per shard."""
         placement = await placement_of(self.db, self.config.placement)
         ids: list[str] = []
-        for buckets in _each_shard(placement):
+        for buckets in placement.each_shard():
             rows = await self.db.run_in_transaction(
                 partial(sweep, limit=limit, placement=placement, buckets=buckets))
             METRICS.ended(r["status"] for r in rows)
             ids += [r["execution_id"] for r in rows]
         return ids
-
-
-def _each_shard(placement: Placement) -> list[list[int] | None]:
-    """The buckets a maintenance statement visits in turn: all at once on one
-    Postgres (None), one shard's at a time on Citus."""
-    if not placement.distributed:
-        return [None]
-    return [list(group) for group in placement.groups]
 
 
 def _log_takeover(execution_id: str, old_owner: str | None, token: int, new_owner: str | None,

@@ -39,6 +39,13 @@ class Placement:
         """Each bucket's group (index in `groups`)."""
         return {b: i for i, group in enumerate(self.groups) for b in group}
 
+    def each_shard(self) -> list[list[int] | None]:
+        """The buckets a sweep visits in turn: all at once on one Postgres
+        (None), one shard's at a time on Citus."""
+        if not self.distributed:
+            return [None]
+        return [list(group) for group in self.groups]
+
     async def per_shard(self, items: Sequence[T], execution_id: Callable[[T], str],
                         run: Callable[[list[T], list[int] | None], Awaitable[list[A]]], *,
                         on_error: Callable[[list[T], BaseException], list[A]] | None = None,
