@@ -38,15 +38,20 @@ ENDED_NOTICE = (f"(SELECT count(pg_notify('{ENDED_CHANNEL}', x.execution_id)) FR
                 "WHERE w.execution_id = x.execution_id "
                 "AND w.bucket = fencepost_bucket(x.execution_id))) AS ended_notices")
 
-WAKE_PARENTS = """
+# THE wake of a parent (a row `p`) by a child's end: due now, unless it has
+# ended itself. Written here as a CTE; as a statement of its own in
+# policy.after_ends.
+WAKE_PARENT = "due_at = least(p.due_at, now()), updated_at = now()"
+WAKEABLE_PARENT = f"p.status NOT IN {TERMINAL_SQL}"
+
+WAKE_PARENTS = f"""
     parent_wake AS (
-        UPDATE executions p SET due_at = least(p.due_at, now()), updated_at = now()
-        FROM (SELECT DISTINCT parent_execution_id FROM {ended}
-              WHERE parent_execution_id IS NOT NULL
-                AND status IN ('completed', 'failed', 'cancelled', 'timed_out')) c
+        UPDATE executions p SET {WAKE_PARENT}
+        FROM (SELECT DISTINCT parent_execution_id FROM {{ended}}
+              WHERE parent_execution_id IS NOT NULL AND status IN {TERMINAL_SQL}) c
         WHERE p.execution_id = c.parent_execution_id
           AND p.bucket = fencepost_bucket(c.parent_execution_id)
-          AND p.status NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+          AND {WAKEABLE_PARENT}
         RETURNING p.execution_id
     )"""
 

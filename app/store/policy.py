@@ -17,11 +17,12 @@ from collections.abc import Sequence
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES
+from app.store.compose import WAKE_PARENT, WAKEABLE_PARENT
 from app.store.handle import Handle
 from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import SINGLE_NODE, Placement
 from app.store.retry import Connection
-from app.store.types import ENDED_CHANNEL, NOTIFY_CHANNEL, TERMINAL_SQL
+from app.store.types import ENDED_CHANNEL, NOTIFY_CHANNEL
 
 # Outcomes of the terminal ends no workflow code chose.
 CANCELLED_OUTCOME = """jsonb_build_object('error', jsonb_build_object(
@@ -152,9 +153,9 @@ FROM s
 # own, not a CTE of that one, because on Citus a parent's row may be on
 # another shard than its child's.
 _WAKE_PARENTS = OnShard("wake_parents", f"""
-UPDATE executions p SET due_at = least(p.due_at, now()), updated_at = now()
+UPDATE executions p SET {WAKE_PARENT}
 WHERE p.execution_id = ANY($1::text[]) AND p.bucket = fencepost_bucket(p.execution_id)
-  AND p.status NOT IN {TERMINAL_SQL}
+  AND {WAKEABLE_PARENT}
 RETURNING p.execution_id
 """, ("text[]",), (("execution_id", "text"),))
 
@@ -171,16 +172,14 @@ async def after_ends(db: Handle | Connection, placement: Placement,
     terminal = [r for r in ended if r["status"] in TERMINAL_STATUSES]
     parents = sorted({r["parent_execution_id"] for r in terminal
                       if r["parent_execution_id"] is not None})
-    woken = 0
-    if parents:
-        async def wake(part: list[str], buckets: list[int] | None) -> list[None]:
-            nonlocal woken
-            woken += len(await _WAKE_PARENTS.fetch(db, buckets, part))
-            return [None] * len(part)
 
-        await placement.per_shard(parents, lambda parent: parent, wake)
+    async def wake(part: list[str], buckets: list[int] | None) -> list[bool]:
+        got = {r["execution_id"] for r in await _WAKE_PARENTS.fetch(db, buckets, part)}
+        return [parent in got for parent in part]
+
+    woken: list[bool] = await placement.per_shard(parents, lambda p: p, wake) if parents else []
     notices = [(ENDED_CHANNEL, r["execution_id"]) for r in terminal if r["watched"]]
-    if woken:
+    if any(woken):
         notices.append((NOTIFY_CHANNEL, ""))  # a woken parent is due now
     if notices:
         await db.fetch("SELECT count(pg_notify(n.channel, n.payload)) "
