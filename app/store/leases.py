@@ -25,9 +25,16 @@ from app.store.fencing import interrupt_at, rejected
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.on_shard import NEXT_ATTEMPT_ID, NEXT_EVENT_ID, OnShard
-from app.store.placement import ClaimRotation, placement_of
-from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME, settle, sweep
-from app.store.retry import RetryingPool
+from app.store.placement import ClaimRotation, Placement, placement_of
+from app.store.policy import (
+    CANCELLED_OUTCOME,
+    TIMED_OUT_OUTCOME,
+    WATCHED,
+    after_ends,
+    settle,
+    sweep,
+)
+from app.store.retry import Connection, RetryingPool
 from app.store.steps import ATTEMPT_HISTORY
 from app.store.types import (
     NOTIFY_CHANNEL,
@@ -56,13 +63,22 @@ _CLEANUP_DUE = """(i.reported = 'suspended'
 # {lock} is how the rows are taken before anything is written: a batch locks
 # its rows and the parents they would wake with SKIP LOCKED (never waiting),
 # a lone acknowledgement takes them as its writes reach them (it may wait).
-_ACKNOWLEDGE = """
+#
+# One Postgres: one statement takes the rows, writes them, wakes the parents
+# their ends wake and notifies. Citus (_ACKNOWLEDGE_ON_SHARD): one statement
+# per shard writes that shard's rows alone; the parents (maybe on other
+# nodes) are woken and the notices sent after it, in its transaction
+# (policy.after_ends). In a batch there a row with a parent is skipped (sent
+# alone), so that no batch waits for a parent's lock.
+_ACK_INPUT = """
 WITH i AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
                          $6::text[])
         WITH ORDINALITY AS i(execution_id, token, reported, outcome, traceback,
                              waiting_on, n)
-), held_back AS (
+)"""
+_ACK_TAKE = """
+    held_back AS (
     -- The parent of an execution acknowledged in the same statement is left
     -- out, to be acknowledged after it, alone: the child's end wakes its
     -- parent, and one statement must not write one row twice (only one
@@ -83,7 +99,6 @@ WITH i AS (
     -- Every row this statement may write (the acknowledged ones and the
     -- parents their ends wake), in execution_id order: in a batch, locked
     -- here in this one pass (SKIP LOCKED), before any of them is written.
-    -- Citus: a batch, and the parents it wakes, are in many buckets.
     SELECT x.execution_id, x.parent_execution_id FROM executions x
     WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
                                          FROM wanted)
@@ -101,7 +116,22 @@ WITH i AS (
            OR NOT EXISTS (SELECT 1 FROM executions p
                           WHERE p.execution_id = l.parent_execution_id
                             AND p.bucket = fencepost_bucket(l.parent_execution_id)))
-), a AS (
+)"""
+_ACK_TAKE_ON_SHARD = """
+    locked AS MATERIALIZED (
+    -- This shard's rows of the batch, in execution_id order (as _ACK_TAKE).
+    SELECT x.execution_id, x.parent_execution_id FROM executions x
+    WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
+                                         FROM i)
+    ORDER BY x.execution_id
+    {lock}
+), ready AS (
+    -- Written here: the rows this statement holds (in a batch, of those
+    -- with no parent).
+    SELECT i.* FROM i JOIN locked l ON l.execution_id = i.execution_id {ready}
+)"""
+_ACK_WRITE = """
+    a AS (
     -- The fence, atomic: the token check and the write are one step on a
     -- row locked from before the check until the commit, so no claim can
     -- land between them; a claim committed since this statement's snapshot
@@ -139,16 +169,21 @@ WITH i AS (
     RETURNING i.n, i.reported, i.traceback, e.execution_id, e.token, e.status, e.outcome,
               e.due_at, e.parent_execution_id, e.workflow_id,
               extract(epoch FROM now() - e.admitted_at) AS age
-), {wake_parents}, ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-    SELECT execution_id, fencepost_bucket(execution_id), 'acknowledged', token,
+)"""
+_ACK_EVENTS = """
+    ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'acknowledged',
+           token,
            jsonb_strip_nulls(jsonb_build_object(
                'status', status, 'reported', reported, 'traceback', traceback))
     FROM a
     UNION ALL
-    SELECT execution_id, fencepost_bucket(execution_id), status, token, NULL FROM a
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), status, token, NULL
+    FROM a
     WHERE status IN ('cancelled', 'timed_out')
-)
+)"""
+_ACK_ANSWER = """
 SELECT n, false AS held_back, false AS skipped, status, outcome, workflow_id, age,
        CASE WHEN due_at <= now() OR EXISTS (SELECT 1 FROM parent_wake)
             THEN pg_notify('{channel}', '') END,
@@ -166,13 +201,40 @@ WHERE execution_id NOT IN (SELECT execution_id FROM held_back)
               WHERE x.execution_id = i.execution_id
                 AND x.bucket = fencepost_bucket(i.execution_id))
 """
+_ACK_ANSWER_ON_SHARD = """
+SELECT n, false AS held_back, false AS skipped, status, outcome, workflow_id, age,
+       due_at <= now() AS due_now, parent_execution_id, {watched}
+FROM a
+UNION ALL
+-- Its row held by another transaction (or, in a batch, it has a parent):
+-- nothing of it written.
+SELECT n, false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM i
+WHERE n NOT IN (SELECT n FROM ready)
+  AND EXISTS (SELECT 1 FROM executions x
+              WHERE x.execution_id = i.execution_id
+                AND x.bucket = fencepost_bucket(i.execution_id))
+"""
 
 
 def _acknowledge_sql(lock: str) -> str:
-    return _ACKNOWLEDGE.format(
-        lock=lock, cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME,
-        timed_out=TIMED_OUT_OUTCOME, wake_parents=WAKE_PARENTS.format(ended="a"),
-        channel=NOTIFY_CHANNEL, ended_notice=ENDED_NOTICE.format(ended="a"))
+    return (_ACK_INPUT + ", " + _ACK_TAKE.format(lock=lock).lstrip() + ", "
+            + _ACK_WRITE.lstrip() + ", " + WAKE_PARENTS.format(ended="a").lstrip() + ", "
+            + _ACK_EVENTS.lstrip() + _ACK_ANSWER).format(
+        cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME, timed_out=TIMED_OUT_OUTCOME,
+        next_event=NEXT_EVENT_ID, channel=NOTIFY_CHANNEL,
+        ended_notice=ENDED_NOTICE.format(ended="a"))
+
+
+def _acknowledge_on_shard(name: str, lock: str, ready: str) -> OnShard:
+    return OnShard(name, (
+        _ACK_INPUT + ", " + _ACK_TAKE_ON_SHARD.format(lock=lock, ready=ready).lstrip() + ", "
+        + _ACK_WRITE.lstrip() + ", " + _ACK_EVENTS.lstrip() + _ACK_ANSWER_ON_SHARD).format(
+        cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME, timed_out=TIMED_OUT_OUTCOME,
+        next_event=NEXT_EVENT_ID, watched=WATCHED.format(ended="a")), (
+        "text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]"), (
+        ("n", "bigint"), ("held_back", "boolean"), ("skipped", "boolean"), ("status", "text"),
+        ("outcome", "jsonb"), ("workflow_id", "text"), ("age", "numeric"),
+        ("due_now", "boolean"), ("parent_execution_id", "text"), ("watched", "boolean")))
 
 
 # Inside the group commit a statement waits for no lock, even for one
@@ -187,6 +249,23 @@ _ACKNOWLEDGE_BATCH = _acknowledge_sql("FOR NO KEY UPDATE OF x SKIP LOCKED")
 # back): the rows are locked as the UPDATE and the parent wake reach them,
 # waiting for another transaction's lock as any single write does.
 _ACKNOWLEDGE_ALONE = _acknowledge_sql("")
+# On Citus (see _ACKNOWLEDGE): the same two ways, one shard at a time.
+_ACKNOWLEDGE_BATCH_ON_SHARD = _acknowledge_on_shard(
+    "acknowledge_batch", "FOR NO KEY UPDATE OF x SKIP LOCKED", "WHERE l.parent_execution_id IS NULL")
+_ACKNOWLEDGE_ALONE_ON_SHARD = _acknowledge_on_shard("acknowledge_alone", "", "")
+
+
+def _ack_arrays(acks: Sequence[_Ack]) -> tuple[list[Any], ...]:
+    """The acknowledgement statements' parameters ($1..$6) for `acks`."""
+    return ([a.lease.execution_id for a in acks], [a.lease.token for a in acks],
+            [a.status for a in acks], [a.outcome for a in acks], [a.traceback for a in acks],
+            [a.waiting_on for a in acks])
+
+
+def _unstorable(exc: BaseException) -> BaseException:
+    """A failed acknowledgement statement's error as its caller gets it: a
+    value Postgres cannot store exactly (nothing written) is InvalidEvent."""
+    return InvalidEvent(str(exc)) if isinstance(exc, _UNSTORABLE) else exc
 
 
 class _SendAlone:
@@ -195,6 +274,9 @@ class _SendAlone:
 
 
 SEND_ALONE = _SendAlone()
+# What became of one acknowledgement of a batch statement: its row, None
+# (nothing written), SEND_ALONE, or the error of a failed statement.
+_Written = asyncpg.Record | _SendAlone | BaseException | None
 
 # What makes an acknowledgement's values unstorable (nothing of it written).
 _UNSTORABLE = (ValueError, TypeError, asyncpg.DataError)
@@ -383,6 +465,251 @@ SELECT * FROM r
     ("redeliver_after", "timestamptz")))
 
 
+# The claim (Leases.claim_due), in two forms composed from one text.
+#
+# One Postgres: one statement over every bucket; the queues' limits are
+# counted inside it (fencepost_claim_limits, which locks the queues and counts
+# their held slots and recent starts after the locks are granted), and the
+# starts of rate-limited queues are recorded by it.
+#
+# Citus: the claimer counts the limits first, on the coordinator, then sends
+# one statement per shard group in the same transaction (on its shard: the
+# group's buckets, $10), each given the limits less what the groups before it
+# took ($11), and records the starts after the last (Leases._claim_on_shards).
+_CLAIM_TEMPLATE = """
+WITH lim AS MATERIALIZED (
+    {limits}
+), open_queues AS (
+    SELECT * FROM lim WHERE NOT is_key AND NOT closed
+), due AS (
+    -- In every bucket, or in one shard's (Citus).
+    SELECT c.* FROM open_queues q, LATERAL (
+        -- The queue's priority levels, one index probe each, so
+        -- that rows not due yet at one level (sleepers) are
+        -- never scanned on the way to the due ones of the next.
+        WITH RECURSIVE levels(priority) AS (
+            SELECT min(x.priority) FROM executions x
+            WHERE x.queue = q.queue AND x.status IN ('admitted', 'suspended') {in_group_x}
+            UNION ALL
+            SELECT (SELECT min(x.priority) FROM executions x
+                    WHERE x.queue = q.queue {in_group_x}
+                      AND x.status IN ('admitted', 'suspended')
+                      AND x.priority > levels.priority)
+            FROM levels WHERE levels.priority IS NOT NULL
+        )
+        SELECT priority FROM levels WHERE priority IS NOT NULL
+    ) l, LATERAL (
+        SELECT e.execution_id, e.bucket, 'due'::text AS how, NULL::text AS old_owner,
+               NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
+               e.priority, e.due_at AS since, e.status AS was, e.token
+        FROM executions e
+        WHERE e.queue = q.queue AND e.priority = l.priority {in_group_e}
+          AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
+          AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
+          AND {carried}
+          -- Not interrupted, or a cleanup delivery within its window;
+          -- the other cancelled and timed-out ends are the sweep's.
+          AND ((e.cancel_requested_at IS NULL
+                AND (e.deadline IS NULL OR e.deadline > now()))
+               OR (e.token > 0 AND fencepost_cleanup_ends(
+                       e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now()))
+          -- Skip what cannot be taken now, so that the work behind
+          -- it (other keys, resumptions) is still reached: keys with
+          -- no slot or no start left, and fresh starts once the
+          -- queue's starts are spent.
+          AND (q.run_free IS NULL OR q.run_free > 0
+               OR (q.hold AND e.status = 'suspended'))
+          AND (e.token > 0 OR q.start_free IS NULL OR q.start_free > 0)
+          AND (e.concurrency_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM lim k
+              WHERE k.is_key AND k.queue = e.queue
+                AND k.concurrency_key = e.concurrency_key
+                AND ((k.run_free = 0 AND NOT (k.hold AND e.status = 'suspended'))
+                     OR (k.start_free = 0 AND e.token = 0))))
+        ORDER BY e.due_at
+        LIMIT $1
+        FOR UPDATE OF e SKIP LOCKED
+    ) c
+), expired AS (
+    -- In every bucket, or in one shard's (Citus).
+    SELECT e.execution_id, e.bucket, 'expired'::text AS how,
+           e.lease_owner AS old_owner,
+           e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
+           e.priority, e.lease_expires_at AS since, e.status AS was, e.token
+    FROM executions e JOIN open_queues q ON q.queue = e.queue
+    WHERE e.status = 'running' AND e.lease_expires_at <= now() {in_group_e}
+      AND e.lease_expires_at
+          + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
+          <= now()
+      AND {carried}
+      -- Left to the reaper: cancel, deadline, and the delivery
+      -- that would reach the poison threshold.
+      AND e.cancel_requested_at IS NULL AND (e.deadline IS NULL OR e.deadline > now())
+      AND e.unacknowledged_deliveries + 1 < $7
+      -- A takeover takes a slot: skip full queues and keys, so
+      -- that they do not crowd out takeovers elsewhere.
+      AND (q.run_free IS NULL OR q.run_free > 0)
+      AND (e.concurrency_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM lim k
+          WHERE k.is_key AND k.queue = e.queue
+            AND k.concurrency_key = e.concurrency_key AND k.run_free = 0))
+    ORDER BY e.lease_expires_at
+    LIMIT $1
+    FOR UPDATE OF e SKIP LOCKED
+), candidates AS (
+    SELECT d.*,
+           -- A suspended execution of a queue that holds slots while
+           -- suspended already holds one; everything else takes one.
+           NOT (q.hold AND d.was = 'suspended') AS takes_slot,
+           d.token = 0 AS starts,
+           q.run_free, q.start_free,
+           CASE WHEN d.concurrency_key IS NOT NULL
+                THEN coalesce(k.run_free, q.key_run_limit) END AS key_run_free,
+           CASE WHEN d.concurrency_key IS NOT NULL
+                THEN coalesce(k.start_free, q.key_start_limit) END AS key_start_free
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) d
+    JOIN open_queues q ON q.queue = d.queue
+    LEFT JOIN lim k ON k.is_key AND k.queue = d.queue
+                    AND k.concurrency_key = d.concurrency_key
+), within_key AS (
+    -- In claim order, take while the key has slots and starts left.
+    SELECT * FROM (
+        SELECT c.*, sum(c.takes_slot::int) OVER w AS key_slots_taken,
+               sum(c.starts::int) OVER w AS key_starts_taken
+        FROM candidates c
+        WINDOW w AS (PARTITION BY c.queue, c.concurrency_key
+                     ORDER BY c.priority, c.since, c.execution_id)
+    ) x
+    WHERE (NOT x.takes_slot OR x.key_run_free IS NULL
+           OR x.key_slots_taken <= x.key_run_free)
+      AND (NOT x.starts OR x.key_start_free IS NULL
+           OR x.key_starts_taken <= x.key_start_free)
+), within_queue AS (
+    -- Then while the queue has slots and starts left.
+    SELECT * FROM (
+        SELECT c.*, sum(c.takes_slot::int) OVER w AS slots_taken,
+               sum(c.starts::int) OVER w AS starts_taken
+        FROM within_key c
+        WINDOW w AS (PARTITION BY c.queue ORDER BY c.priority, c.since, c.execution_id)
+    ) x
+    WHERE (NOT x.takes_slot OR x.run_free IS NULL OR x.slots_taken <= x.run_free)
+      AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
+), picked AS (
+    SELECT execution_id, bucket, how, old_owner, old_expiry, queue, concurrency_key,
+           starts, takes_slot,
+           run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited,
+           start_free IS NOT NULL OR key_start_free IS NOT NULL AS start_limited
+    FROM within_queue ORDER BY priority, since LIMIT $1
+){started}, graces AS (
+    SELECT * FROM unnest($6::text[], $8::float8[]) AS g(workflow_id, seconds)
+), claimed AS (
+    UPDATE executions e
+    SET status = 'running',
+        token = e.token + 1,
+        lease_owner = $3,
+        cleanup_seconds = coalesce(
+            (SELECT seconds FROM graces g WHERE g.workflow_id = e.workflow_id),
+            e.cleanup_seconds),
+        -- A lease never reaches past the end of the cleanup window
+        -- (the code's cleanup window, as just written).
+        lease_expires_at = least(now() + make_interval(secs => $2),
+            coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                coalesce((SELECT seconds FROM graces g
+                          WHERE g.workflow_id = e.workflow_id),
+                         e.cleanup_seconds)), 'infinity')),
+        -- A lease taken over after expiry ended unacknowledged: it
+        -- counts, and its covered wakes are covered again.
+        unacknowledged_deliveries =
+            e.unacknowledged_deliveries + (p.how = 'expired')::int,
+        last_unacknowledged_at = CASE WHEN p.how = 'expired'
+            THEN e.lease_expires_at ELSE e.last_unacknowledged_at END,
+        -- The claim covers every wake pending now; later wakes
+        -- collect in due_at, apart from these.
+        covered_due_at = CASE WHEN p.how = 'expired'
+            THEN least(e.covered_due_at, e.due_at) ELSE e.due_at END,
+        due_at = NULL,
+        redeliver_after = NULL,
+        updated_at = now()
+    FROM picked p
+    WHERE e.execution_id = p.execution_id AND e.bucket = p.bucket
+    RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
+              e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
+              e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
+              e.updated_at AS claimed_at, {interrupt},
+              fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
+                                     e.cleanup_seconds) AS cleanup_ends,
+              (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
+              e.traceparent, e.queue, e.concurrency_key, p.starts, p.takes_slot,
+              p.slot_limited, p.start_limited,
+              extract(epoch FROM e.updated_at - e.admitted_at) AS since_admitted
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'lease_expired',
+           token - 1,
+           jsonb_build_object('owner', old_owner, 'expiredAt', old_expiry)
+    FROM claimed WHERE how = 'expired'
+    UNION ALL
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'claimed', token,
+           jsonb_build_object('owner', $3::text)
+    FROM claimed
+), next_due AS (
+    -- The earliest due time still to come, whoever may run it (one
+    -- probe of ix_executions_due): the claimer sleeps until then.
+    -- A row this claim takes is due now, so it never counts here.
+    -- Of every bucket, or of the group's (Citus).
+    SELECT extract(epoch FROM min(x.due_at) - now())::float8 AS next_due_in
+    FROM executions x
+    WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now() {in_group_x}
+)
+-- One row even when nothing is claimed: the next due time alone.
+SELECT c.*, n.next_due_in FROM next_due n LEFT JOIN claimed c ON true
+"""
+
+# Rate-limited queues count their starts from these rows: rate-limited as the
+# counting saw it after the lock (this statement's own snapshot may predate a
+# change), stamped with the time of the start itself, not of the claim's
+# transaction start (which precedes any wait for the lock).
+_RECORD_STARTS = """, started AS (
+    INSERT INTO queue_starts (queue, concurrency_key, started_at)
+    SELECT p.queue, p.concurrency_key, clock_timestamp() FROM picked p
+    WHERE p.starts AND p.start_limited
+)"""
+# On Citus, after the last group's claim, on the coordinator ($1, $2: the
+# queue and key of each start, parallel).
+_RECORD_STARTS_APART = """
+INSERT INTO queue_starts (queue, concurrency_key, started_at)
+SELECT queue, concurrency_key, clock_timestamp()
+FROM unnest($1::text[], $2::text[]) AS s(queue, concurrency_key)
+"""
+_LIMITS_COLUMNS = (
+    ("queue", "text"), ("concurrency_key", "text"), ("is_key", "boolean"),
+    ("closed", "boolean"), ("run_free", "integer"), ("start_free", "integer"),
+    ("hold", "boolean"), ("key_run_limit", "integer"), ("key_start_limit", "integer"))
+
+_CLAIM = _CLAIM_TEMPLATE.format(
+    limits="SELECT * FROM fencepost_claim_limits($6::text[])", in_group_x="", in_group_e="",
+    carried=CARRIED, interrupt=interrupt_at("e.updated_at"), next_event=NEXT_EVENT_ID,
+    started=_RECORD_STARTS)
+_CLAIM_ON_SHARD = OnShard("claim", _CLAIM_TEMPLATE.format(
+    limits="SELECT * FROM jsonb_to_recordset($11::jsonb) AS l("
+           + ", ".join(f"{c} {t}" for c, t in _LIMITS_COLUMNS) + ")",
+    in_group_x="AND x.bucket = ANY($10::smallint[])",
+    in_group_e="AND e.bucket = ANY($10::smallint[])",
+    carried=CARRIED, interrupt=interrupt_at("e.updated_at"), next_event=NEXT_EVENT_ID,
+    started=""), (
+    "bigint", "float8", "text", "float8", "float8", "text[]", "integer", "float8[]", "text[]",
+    "smallint[]", "jsonb"), (
+    ("execution_id", "text"), ("token", "bigint"), ("lease_expires_at", "timestamptz"),
+    ("workflow_id", "text"), ("params", "jsonb"), ("context", "jsonb"), ("outcome", "jsonb"),
+    ("unacknowledged_deliveries", "integer"), ("deadline", "timestamptz"),
+    ("code_version", "text"), ("ever_suspended", "boolean"), ("how", "text"),
+    ("old_owner", "text"), ("old_expiry", "timestamptz"), ("claimed_at", "timestamptz"),
+    ("interrupt", "text"), ("cleanup_ends", "timestamptz"), ("has_history", "boolean"),
+    ("traceparent", "text"), ("queue", "text"), ("concurrency_key", "text"),
+    ("starts", "boolean"), ("takes_slot", "boolean"), ("slot_limited", "boolean"),
+    ("start_limited", "boolean"), ("since_admitted", "numeric"), ("next_due_in", "float8")))
+
+
 class Claimed(list[Delivery]):
     """A claim's deliveries, and `next_due_in`: seconds from the claim until
     the earliest due time still to come (a timer, a delayed start, a wake)
@@ -447,272 +774,72 @@ class Leases(StoreObject):
         placement = await placement_of(self.db, self.config.placement)
         if not placement.distributed:
             return await self._claim(limit, duration, owner, workflow_ids, cleanup_seconds,
-                                     versions, None)
-        # On Citus: one claim statement per shard group, each routed to its
-        # shard, until `limit` are claimed or every group due a look has had one.
-        if self._rotation is None or self._rotation.groups != placement.groups:
-            self._rotation = ClaimRotation(placement.groups)
-        claimed: list[Delivery] = []
-        earliest: float | None = None
-        for index in self._rotation.order():
-            got = await self._claim(limit - len(claimed), duration, owner, workflow_ids,
-                                    cleanup_seconds, versions, placement.groups[index])
-            self._rotation.found(index, len(got), got.next_due_in)
-            claimed.extend(got)
-            if got.next_due_in is not None:
-                earliest = got.next_due_in if earliest is None else min(earliest,
-                                                                        got.next_due_in)
-            if len(claimed) >= limit:
-                break
-        return Claimed(claimed, earliest)
+                                     versions)
+        return await self._claim_on_shards(placement, limit, duration, owner, workflow_ids,
+                                           cleanup_seconds, versions)
 
     async def _claim(
         self, limit: int, duration: float, owner: str, workflow_ids: list[str] | None,
         cleanup_seconds: list[float] | None, versions: list[str | None] | None,
-        group: tuple[int, ...] | None,
     ) -> Claimed:
-        """One claim statement: over every bucket (`group` None), or over the
-        buckets of one shard (Citus: the statement is routed to that shard)."""
-        in_group_x = "" if group is None else "AND x.bucket = ANY($10::smallint[])"
-        in_group_e = "" if group is None else "AND e.bucket = ANY($10::smallint[])"
+        """One claim statement over every bucket (one Postgres)."""
         rows = await self.db.fetch(
-            f"""
-            WITH lim AS MATERIALIZED (
-                -- Locks the queues and counts their held slots and recent
-                -- starts after the locks are granted (see the function).
-                SELECT * FROM fencepost_claim_limits($6::text[])
-            ), open_queues AS (
-                SELECT * FROM lim WHERE NOT is_key AND NOT closed
-            ), due AS (
-                -- In every bucket, or in one shard's (Citus: the group given).
-                SELECT c.* FROM open_queues q, LATERAL (
-                    -- The queue's priority levels, one index probe each, so
-                    -- that executions not due yet at one level (sleepers) are
-                    -- never scanned on the way to the due ones of the next.
-                    WITH RECURSIVE levels(priority) AS (
-                        SELECT min(x.priority) FROM executions x
-                        WHERE x.queue = q.queue AND x.status IN ('admitted', 'suspended') {in_group_x}
-                        UNION ALL
-                        SELECT (SELECT min(x.priority) FROM executions x
-                                WHERE x.queue = q.queue {in_group_x}
-                                  AND x.status IN ('admitted', 'suspended')
-                                  AND x.priority > levels.priority)
-                        FROM levels WHERE levels.priority IS NOT NULL
-                    )
-                    SELECT priority FROM levels WHERE priority IS NOT NULL
-                ) l, LATERAL (
-                    SELECT e.execution_id, e.bucket, 'due'::text AS how, NULL::text AS old_owner,
-                           NULL::timestamptz AS old_expiry, e.queue, e.concurrency_key,
-                           e.priority, e.due_at AS since, e.status AS was, e.token
-                    FROM executions e
-                    WHERE e.queue = q.queue AND e.priority = l.priority {in_group_e}
-                      AND e.status IN ('admitted', 'suspended') AND e.due_at <= now()
-                      AND (e.redeliver_after IS NULL OR e.redeliver_after <= now())
-                      AND {CARRIED}
-                      -- Not interrupted, or a cleanup delivery within its window;
-                      -- the other cancelled and timed-out ends are the sweep's.
-                      AND ((e.cancel_requested_at IS NULL
-                            AND (e.deadline IS NULL OR e.deadline > now()))
-                           OR (e.token > 0 AND fencepost_cleanup_ends(
-                                   e.cancel_requested_at, e.deadline, e.cleanup_seconds) > now()))
-                      -- Skip what cannot be taken now, so that the work behind
-                      -- it (other keys, resumptions) is still reached: keys with
-                      -- no slot or no start left, and fresh starts once the
-                      -- queue's starts are spent.
-                      AND (q.run_free IS NULL OR q.run_free > 0
-                           OR (q.hold AND e.status = 'suspended'))
-                      AND (e.token > 0 OR q.start_free IS NULL OR q.start_free > 0)
-                      AND (e.concurrency_key IS NULL OR NOT EXISTS (
-                          SELECT 1 FROM lim k
-                          WHERE k.is_key AND k.queue = e.queue
-                            AND k.concurrency_key = e.concurrency_key
-                            AND ((k.run_free = 0 AND NOT (k.hold AND e.status = 'suspended'))
-                                 OR (k.start_free = 0 AND e.token = 0))))
-                    ORDER BY e.due_at
-                    LIMIT $1
-                    FOR UPDATE OF e SKIP LOCKED
-                ) c
-            ), expired AS (
-                -- In every bucket, or in one shard's (Citus: the group given).
-                SELECT e.execution_id, e.bucket, 'expired'::text AS how,
-                       e.lease_owner AS old_owner,
-                       e.lease_expires_at AS old_expiry, e.queue, e.concurrency_key,
-                       e.priority, e.lease_expires_at AS since, e.status AS was, e.token
-                FROM executions e JOIN open_queues q ON q.queue = e.queue
-                WHERE e.status = 'running' AND e.lease_expires_at <= now() {in_group_e}
-                  AND e.lease_expires_at
-                      + fencepost_redelivery_delay(e.unacknowledged_deliveries + 1, $4, $5)
-                      <= now()
-                  AND {CARRIED}
-                  -- Left to the reaper: cancel, deadline, and the delivery
-                  -- that would reach the poison threshold.
-                  AND e.cancel_requested_at IS NULL AND (e.deadline IS NULL OR e.deadline > now())
-                  AND e.unacknowledged_deliveries + 1 < $7
-                  -- A takeover takes a slot: skip full queues and keys, so
-                  -- that they do not crowd out takeovers elsewhere.
-                  AND (q.run_free IS NULL OR q.run_free > 0)
-                  AND (e.concurrency_key IS NULL OR NOT EXISTS (
-                      SELECT 1 FROM lim k
-                      WHERE k.is_key AND k.queue = e.queue
-                        AND k.concurrency_key = e.concurrency_key AND k.run_free = 0))
-                ORDER BY e.lease_expires_at
-                LIMIT $1
-                FOR UPDATE OF e SKIP LOCKED
-            ), candidates AS (
-                SELECT d.*,
-                       -- A suspended execution of a queue that holds slots while
-                       -- suspended already holds one; everything else takes one.
-                       NOT (q.hold AND d.was = 'suspended') AS takes_slot,
-                       d.token = 0 AS starts,
-                       q.run_free, q.start_free,
-                       CASE WHEN d.concurrency_key IS NOT NULL
-                            THEN coalesce(k.run_free, q.key_run_limit) END AS key_run_free,
-                       CASE WHEN d.concurrency_key IS NOT NULL
-                            THEN coalesce(k.start_free, q.key_start_limit) END AS key_start_free
-                FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) d
-                JOIN open_queues q ON q.queue = d.queue
-                LEFT JOIN lim k ON k.is_key AND k.queue = d.queue
-                                AND k.concurrency_key = d.concurrency_key
-            ), within_key AS (
-                -- In claim order, take while the key has slots and starts left.
-                SELECT * FROM (
-                    SELECT c.*, sum(c.takes_slot::int) OVER w AS key_slots_taken,
-                           sum(c.starts::int) OVER w AS key_starts_taken
-                    FROM candidates c
-                    WINDOW w AS (PARTITION BY c.queue, c.concurrency_key
-                                 ORDER BY c.priority, c.since, c.execution_id)
-                ) x
-                WHERE (NOT x.takes_slot OR x.key_run_free IS NULL
-                       OR x.key_slots_taken <= x.key_run_free)
-                  AND (NOT x.starts OR x.key_start_free IS NULL
-                       OR x.key_starts_taken <= x.key_start_free)
-            ), within_queue AS (
-                -- Then while the queue has slots and starts left.
-                SELECT * FROM (
-                    SELECT c.*, sum(c.takes_slot::int) OVER w AS slots_taken,
-                           sum(c.starts::int) OVER w AS starts_taken
-                    FROM within_key c
-                    WINDOW w AS (PARTITION BY c.queue ORDER BY c.priority, c.since, c.execution_id)
-                ) x
-                WHERE (NOT x.takes_slot OR x.run_free IS NULL OR x.slots_taken <= x.run_free)
-                  AND (NOT x.starts OR x.start_free IS NULL OR x.starts_taken <= x.start_free)
-            ), picked AS (
-                SELECT execution_id, bucket, how, old_owner, old_expiry, queue, concurrency_key,
-                       starts,
-                       run_free IS NOT NULL OR key_run_free IS NOT NULL AS slot_limited,
-                       start_free IS NOT NULL OR key_start_free IS NOT NULL AS start_limited
-                FROM within_queue ORDER BY priority, since LIMIT $1
-            ), started AS (
-                -- Rate-limited queues count their starts from these rows:
-                -- rate-limited as the counting saw it after the lock (this
-                -- statement's own snapshot may predate a change), stamped
-                -- with the time of the start itself, not of the claim's
-                -- transaction start (which precedes any wait for the lock).
-                INSERT INTO queue_starts (queue, concurrency_key, started_at)
-                SELECT p.queue, p.concurrency_key, clock_timestamp() FROM picked p
-                WHERE p.starts AND p.start_limited
-            ), graces AS (
-                SELECT * FROM unnest($6::text[], $8::float8[]) AS g(workflow_id, seconds)
-            ), claimed AS (
-                UPDATE executions e
-                SET status = 'running',
-                    token = e.token + 1,
-                    lease_owner = $3,
-                    cleanup_seconds = coalesce(
-                        (SELECT seconds FROM graces g WHERE g.workflow_id = e.workflow_id),
-                        e.cleanup_seconds),
-                    -- A lease never reaches past the end of the cleanup window
-                    -- (the code's cleanup window, as just written).
-                    lease_expires_at = least(now() + make_interval(secs => $2),
-                        coalesce(fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
-                            coalesce((SELECT seconds FROM graces g
-                                      WHERE g.workflow_id = e.workflow_id),
-                                     e.cleanup_seconds)), 'infinity')),
-                    -- A lease taken over after expiry ended unacknowledged: it
-                    -- counts, and its covered wakes are covered again.
-                    unacknowledged_deliveries =
-                        e.unacknowledged_deliveries + (p.how = 'expired')::int,
-                    last_unacknowledged_at = CASE WHEN p.how = 'expired'
-                        THEN e.lease_expires_at ELSE e.last_unacknowledged_at END,
-                    -- The claim covers every wake pending now; later wakes
-                    -- collect in due_at, apart from these.
-                    covered_due_at = CASE WHEN p.how = 'expired'
-                        THEN least(e.covered_due_at, e.due_at) ELSE e.due_at END,
-                    due_at = NULL,
-                    redeliver_after = NULL,
-                    updated_at = now()
-                FROM picked p
-                WHERE e.execution_id = p.execution_id AND e.bucket = p.bucket
-                RETURNING e.execution_id, e.token, e.lease_expires_at, e.workflow_id, e.params,
-                          e.context, e.outcome, e.unacknowledged_deliveries, e.deadline,
-                          e.code_version, e.ever_suspended, p.how, p.old_owner, p.old_expiry,
-                          e.updated_at AS claimed_at, {interrupt_at('e.updated_at')},
-                          fencepost_cleanup_ends(e.cancel_requested_at, e.deadline,
-                                                 e.cleanup_seconds) AS cleanup_ends,
-                          (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
-                          e.traceparent, e.queue, p.starts, p.slot_limited,
-                          extract(epoch FROM e.updated_at - e.admitted_at) AS since_admitted
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT execution_id, fencepost_bucket(execution_id), 'lease_expired', token - 1,
-                       jsonb_build_object('owner', old_owner, 'expiredAt', old_expiry)
-                FROM claimed WHERE how = 'expired'
-                UNION ALL
-                SELECT execution_id, fencepost_bucket(execution_id), 'claimed', token,
-                       jsonb_build_object('owner', $3::text)
-                FROM claimed
-            ), next_due AS (
-                -- The earliest due time still to come, whoever may run it (one
-                -- probe of ix_executions_due): the claimer sleeps until then.
-                -- A row this claim takes is due now, so it never counts here.
-                -- Of every bucket, or of the group's (Citus).
-                SELECT extract(epoch FROM min(x.due_at) - now())::float8 AS next_due_in
-                FROM executions x
-                WHERE x.status IN ('admitted', 'suspended') AND x.due_at > now() {in_group_x}
-            )
-            -- One row even when nothing is claimed: the next due time alone.
-            SELECT c.*, n.next_due_in FROM next_due n LEFT JOIN claimed c ON true
-            """,
-            limit,
-            float(duration),
-            owner,
-            self.config.redelivery_base,
-            self.config.redelivery_cap,
-            workflow_ids,
-            self.config.max_unacknowledged,
-            cleanup_seconds,
-            versions,
-            *([] if group is None else [list(group)]),
-        )
-        next_due_in = rows[0]["next_due_in"] if rows else None
-        rows = [r for r in rows if r["execution_id"] is not None]
-        METRICS.claimed(cast("list[Mapping[str, Any]]", rows))  # rows read by key
-        for r in rows:
-            if r["how"] == "expired":
-                _log_takeover(r["execution_id"], r["old_owner"], r["token"] - 1, owner,
-                              r["old_expiry"])
-        return Claimed([
-            Delivery(
-                lease=Lease(r["execution_id"], r["token"], r["lease_expires_at"], owner),
-                workflow_id=r["workflow_id"],
-                params=r["params"],
-                context=r["context"],
-                status_before="suspended" if r["ever_suspended"] else "admitted",
-                outcome=r["outcome"],
-                unacknowledged_deliveries=r["unacknowledged_deliveries"],
-                deadline=r["deadline"],
-                code_version=r["code_version"],
-                claimed_at=r["claimed_at"],
-                taken_over=r["how"] == "expired",
-                interrupt=r["interrupt"],
-                cleanup_ends=r["cleanup_ends"],
-                has_history=r["has_history"],
-                traceparent=r["traceparent"],
-                queue=r["queue"],
-                slot_limited=r["slot_limited"],
-            )
-            for r in rows
-        ], next_due_in)
+            _CLAIM, limit, float(duration), owner, self.config.redelivery_base,
+            self.config.redelivery_cap, workflow_ids, self.config.max_unacknowledged,
+            cleanup_seconds, versions)
+        return Claimed(_deliveries(rows, owner), rows[0]["next_due_in"] if rows else None)
+
+    async def _claim_on_shards(
+        self, placement: Placement, limit: int, duration: float, owner: str,
+        workflow_ids: list[str] | None, cleanup_seconds: list[float] | None,
+        versions: list[str | None] | None,
+    ) -> Claimed:
+        """The claim on Citus, in one transaction: the queues' limits counted
+        on the coordinator (after their locks, held to the end), then one
+        claim statement per shard group on its shard, in the rotation's
+        order, until `limit` are claimed; then the starts of rate-limited
+        queues are recorded. Each group's claim sees the limits less what
+        the groups before it took, so a queue's slots are never taken twice
+        over (its lock keeps other claimers out meanwhile)."""
+        if self._rotation is None or self._rotation.groups != placement.groups:
+            self._rotation = ClaimRotation(placement.groups)
+        order = self._rotation.order()
+
+        async def run(conn: Any) -> list[tuple[int, list[asyncpg.Record]]]:
+            limits = [dict(r) for r in await conn.fetch(
+                "SELECT * FROM fencepost_claim_limits($1::text[])", workflow_ids)]
+            found: list[tuple[int, list[asyncpg.Record]]] = []
+            taken = 0
+            for index in order:
+                group = list(placement.groups[index])
+                rows = await _CLAIM_ON_SHARD.fetch(
+                    conn, group, limit - taken, float(duration), owner,
+                    self.config.redelivery_base, self.config.redelivery_cap, workflow_ids,
+                    self.config.max_unacknowledged, cleanup_seconds, versions, group, limits)
+                found.append((index, rows))
+                claimed = [r for r in rows if r["execution_id"] is not None]
+                _spend(limits, claimed)
+                taken += len(claimed)
+                if taken >= limit:
+                    break
+            starts = [r for _, rows in found for r in rows
+                      if r["execution_id"] is not None and r["starts"] and r["start_limited"]]
+            if starts:
+                await conn.execute(_RECORD_STARTS_APART, [r["queue"] for r in starts],
+                                   [r["concurrency_key"] for r in starts])
+            return found
+
+        found = await self.db.run_in_transaction(run)
+        deliveries: list[Delivery] = []
+        earliest: float | None = None
+        for index, rows in found:
+            got = _deliveries(rows, owner)
+            next_due_in = rows[0]["next_due_in"] if rows else None
+            self._rotation.found(index, len(got), next_due_in)
+            deliveries.extend(got)
+            if next_due_in is not None:
+                earliest = next_due_in if earliest is None else min(earliest, next_due_in)
+        return Claimed(deliveries, earliest)
 
     async def renew(
         self, leases: list[Lease], duration: float
@@ -878,35 +1005,40 @@ class Leases(StoreObject):
             else:
                 first[ack.lease.execution_id] = index
                 batch.append(ack)
-        try:
-            rows = await self.db.fetch(
-                _ACKNOWLEDGE_BATCH if in_group else _ACKNOWLEDGE_ALONE,
-                [a.lease.execution_id for a in batch],
-                [a.lease.token for a in batch],
-                [a.status for a in batch],
-                [a.outcome for a in batch],
-                [a.traceback for a in batch],
-                [a.waiting_on for a in batch],
-            )
-        except Exception as exc:
-            if in_group and not is_infrastructure(exc):
-                self.sent_alone += len(acks)
-                return [SEND_ALONE] * len(acks)
-            if isinstance(exc, _UNSTORABLE):
-                # A result or error Postgres cannot store exactly: nothing written.
-                raise InvalidEvent(str(exc)) from exc
-            raise
+        placement = await placement_of(self.db, self.config.placement)
+        written: list[_Written]
+        if placement.distributed:
+            written = await self._acknowledge_on_shards(placement, batch, in_group)
+        else:
+            try:
+                rows = await self.db.fetch(
+                    _ACKNOWLEDGE_BATCH if in_group else _ACKNOWLEDGE_ALONE, *_ack_arrays(batch))
+            except Exception as exc:
+                if in_group and not is_infrastructure(exc):
+                    self.sent_alone += len(acks)
+                    return [SEND_ALONE] * len(acks)
+                answer = _unstorable(exc)
+                if answer is exc:
+                    raise
+                raise answer from exc
+            by_n = {row["n"]: row for row in rows}
+            written = [by_n.get(n) for n in range(1, len(batch) + 1)]
         answers: dict[int, Acknowledged | _SendAlone | BaseException] = {}
         ended: list[str] = []
-        for row in rows:
-            index = first[batch[row["n"] - 1].lease.execution_id]
-            if row["held_back"] or row["skipped"]:
+        for ack, row in zip(batch, written, strict=True):
+            index = first[ack.lease.execution_id]
+            if row is None:
+                continue  # not written: see `missed`
+            if isinstance(row, BaseException):
+                answers[index] = row
+            elif isinstance(row, _SendAlone) or row["held_back"] or row["skipped"]:
                 later.append(index)
-                continue
-            ended.append(row["status"])
-            if row["status"] in TERMINAL_STATUSES:
-                METRICS.end_to_end_seconds.labels(row["workflow_id"]).observe(float(row["age"]))
-            answers[index] = Acknowledged(row["status"], row["outcome"])
+            else:
+                ended.append(row["status"])
+                if row["status"] in TERMINAL_STATUSES:
+                    METRICS.end_to_end_seconds.labels(row["workflow_id"]).observe(
+                        float(row["age"]))
+                answers[index] = Acknowledged(row["status"], row["outcome"])
         METRICS.ended(ended)
         missed = [i for i in first.values() if i not in answers and i not in later]
         if missed:
@@ -929,6 +1061,36 @@ class Leases(StoreObject):
             answers[i] = SEND_ALONE
         self.sent_alone += len(later)
         return [answers[i] for i in range(len(acks))]
+
+    async def _acknowledge_on_shards(
+            self, placement: Placement, batch: list[_Ack], in_group: bool,
+    ) -> list[_Written]:
+        """`batch` on Citus, one transaction per shard its executions are in:
+        the acknowledgements of that shard on it, then the parents their ends
+        wake (wherever those are) and the notices (policy.after_ends). One
+        answer per acknowledgement: its row; None when nothing was written
+        (stale, or acknowledged before); or, for each one of a shard whose
+        transaction failed, what _acknowledge_batch answers a failed
+        statement (SEND_ALONE, or the error): the other shards' committed."""
+        statement = _ACKNOWLEDGE_BATCH_ON_SHARD if in_group else _ACKNOWLEDGE_ALONE_ON_SHARD
+
+        async def part(acks: list[_Ack], buckets: list[int] | None) -> list[_Written]:
+            async def run(conn: Connection) -> list[asyncpg.Record]:
+                rows = await statement.fetch(conn, buckets, *_ack_arrays(acks))
+                done = [r for r in rows if not r["skipped"]]
+                await after_ends(conn, placement, done, due=any(r["due_now"] for r in done))
+                return rows
+
+            by_n = {row["n"]: row for row in await self.db.run_in_transaction(run)}
+            return [by_n.get(n) for n in range(1, len(acks) + 1)]
+
+        def failed(acks: list[_Ack], exc: BaseException) -> list[_Written]:
+            if in_group and not is_infrastructure(exc):
+                return [SEND_ALONE] * len(acks)
+            return [_unstorable(exc)] * len(acks)
+
+        return await placement.per_shard(batch, lambda ack: ack.lease.execution_id, part,
+                                         on_error=failed)
 
     # -------------------------------------------------------------------- reaper
 
@@ -969,6 +1131,67 @@ class Leases(StoreObject):
             METRICS.ended(r["status"] for r in rows)
             ids += [r["execution_id"] for r in rows]
         return ids
+
+
+def _deliveries(rows: Sequence[asyncpg.Record], owner: str) -> list[Delivery]:
+    """The deliveries of a claim statement's rows (the row with no execution
+    carries only the next due time)."""
+    rows = [r for r in rows if r["execution_id"] is not None]
+    METRICS.claimed(cast("list[Mapping[str, Any]]", rows))  # rows read by key
+    for r in rows:
+        if r["how"] == "expired":
+            _log_takeover(r["execution_id"], r["old_owner"], r["token"] - 1, owner,
+                          r["old_expiry"])
+    return [
+        Delivery(
+            lease=Lease(r["execution_id"], r["token"], r["lease_expires_at"], owner),
+            workflow_id=r["workflow_id"],
+            params=r["params"],
+            context=r["context"],
+            status_before="suspended" if r["ever_suspended"] else "admitted",
+            outcome=r["outcome"],
+            unacknowledged_deliveries=r["unacknowledged_deliveries"],
+            deadline=r["deadline"],
+            code_version=r["code_version"],
+            claimed_at=r["claimed_at"],
+            taken_over=r["how"] == "expired",
+            interrupt=r["interrupt"],
+            cleanup_ends=r["cleanup_ends"],
+            has_history=r["has_history"],
+            traceparent=r["traceparent"],
+            queue=r["queue"],
+            slot_limited=r["slot_limited"],
+        )
+        for r in rows
+    ]
+
+
+def _spend(limits: list[dict[str, Any]], claimed: Sequence[asyncpg.Record]) -> None:
+    """Take what a group's claim took off `limits` (rows as
+    fencepost_claim_limits answers them), for the next group's claim: a slot
+    for each row that took one, a start for each first claim, from its queue
+    and from its key. A key with no row yet gets one, starting from its
+    queue's per-key limits (as the claim statement reads a key not listed)."""
+    queues = {q["queue"]: q for q in limits if not q["is_key"]}
+    keys = {(k["queue"], k["concurrency_key"]): k for k in limits if k["is_key"]}
+    for r in claimed:
+        queue = queues[r["queue"]]
+        spent = [queue]
+        if r["concurrency_key"] is not None and (queue["key_run_limit"] is not None
+                                                 or queue["key_start_limit"] is not None):
+            key = keys.get((r["queue"], r["concurrency_key"]))
+            if key is None:
+                key = dict(queue, concurrency_key=r["concurrency_key"], is_key=True,
+                           closed=False, run_free=queue["key_run_limit"],
+                           start_free=queue["key_start_limit"])
+                keys[(r["queue"], r["concurrency_key"])] = key
+                limits.append(key)
+            spent.append(key)
+        for row in spent:
+            if r["takes_slot"] and row["run_free"] is not None:
+                row["run_free"] -= 1
+            if r["starts"] and row["start_free"] is not None:
+                row["start_free"] -= 1
 
 
 def _log_takeover(execution_id: str, old_owner: str | None, token: int, new_owner: str | None,

@@ -58,9 +58,11 @@ _END = settled_end("e.redeliver_after", "e.unacknowledged_deliveries", "$2")
 # (watched_executions), for after_ends.
 _ENDED_COLUMNS = (("execution_id", "text"), ("status", "text"),
                   ("parent_execution_id", "text"), ("watched", "boolean"))
-_WATCHED = """EXISTS (SELECT 1 FROM watched_executions w
-                     WHERE w.execution_id = s.execution_id
-                       AND w.bucket = fencepost_bucket(s.execution_id)) AS watched"""
+# Whether a long-poll waits for a row of {ended} (watched_executions).
+WATCHED = """EXISTS (SELECT 1 FROM watched_executions w
+                    WHERE w.execution_id = {ended}.execution_id
+                      AND w.bucket = fencepost_bucket({ended}.execution_id)) AS watched"""
+_WATCHED = WATCHED.format(ended="s")
 
 _SETTLE = OnShard("settle", f"""
 WITH target AS (
@@ -161,11 +163,12 @@ RETURNING p.execution_id
 
 
 async def after_ends(db: Handle | Connection, placement: Placement,
-                     ended: Sequence[asyncpg.Record]) -> None:
+                     ended: Sequence[asyncpg.Record], *, due: bool = False) -> None:
     """What follows the rows `ended` (execution_id, status, parent_execution_id,
     watched), in the caller's transaction: the parents of those that reached
     a terminal status are woken (on Citus, one statement per shard they are
-    in), and idle workers and long-polls are told at commit. The notices are
+    in), and idle workers and long-polls are told at commit (idle workers
+    also when `due`: one of the rows itself is due now). The notices are
     sent here, on the caller's connection, not by the statements on the
     shards: on Citus a NOTIFY there reaches no listener on the coordinator,
     and a transaction that spans nodes cannot commit one (two-phase commit)."""
@@ -179,7 +182,7 @@ async def after_ends(db: Handle | Connection, placement: Placement,
 
     woken: list[bool] = await placement.per_shard(parents, lambda p: p, wake) if parents else []
     notices = [(ENDED_CHANNEL, r["execution_id"]) for r in terminal if r["watched"]]
-    if any(woken):
+    if due or any(woken):
         notices.append((NOTIFY_CHANNEL, ""))  # a woken parent is due now
     if notices:
         await db.fetch("SELECT count(pg_notify(n.channel, n.payload)) "

@@ -1,6 +1,6 @@
 """Claims shard group by shard group (what a claimer does on Citus), run here
-on one Postgres with a placement forced on the pool: the statement restricted
-to a group's buckets takes only that group's executions, a claim visits the
+on one Postgres with a placement forced on the pool and the claim's on-shard
+function standing in: a group's claim takes only that group's executions, a claim visits the
 groups until it has its limit, idle groups are skipped until their next due
 time or a wake-up, and no group is starved by a busy one."""
 
@@ -12,9 +12,11 @@ import pytest
 
 from app.store import ExecutionStore
 from app.store.buckets import BUCKETS, bucket_of
+from app.store.on_shard import REGISTRY
 from app.store.placement import ClaimRotation, Placement
 from tests.support.admission import admit
 from tests.support.clocks import backdate_due
+from tests.support.stand_in_citus import stand_in_citus
 
 # Two "shards": even buckets and odd buckets.
 TWO = Placement((tuple(range(0, BUCKETS, 2)), tuple(range(1, BUCKETS, 2))))
@@ -33,25 +35,21 @@ def _ids_in(group: int, n: int, prefix: str) -> list[str]:
 
 def _force(store, placement: Placement) -> None:
     """Claims of `store` see `placement` (admissions go through `plain`, a
-    store of its own on the same database: on one Postgres the functions a
-    Citus placement would call do not exist)."""
+    store of its own on the same database: on one Postgres only the claim's
+    function stands in for Citus)."""
     store.config.placement.placement = placement
+
+
+@pytest.fixture(autouse=True)
+async def _claims_on_shards(database_url):
+    """The claim's on-shard function, on this Postgres standing in for the
+    two "shards" of TWO."""
+    await stand_in_citus(database_url, "b % 2", [REGISTRY["claim"]])
 
 
 @pytest.fixture
 def plain(pool) -> ExecutionStore:
     return ExecutionStore(pool)
-
-
-async def test_a_group_claim_takes_only_its_buckets(store, plain):
-    _force(store, TWO)
-    even, odd = _ids_in(0, 3, "e"), _ids_in(1, 3, "o")
-    for eid in even + odd:
-        await admit(plain, "wf", eid)
-    one = await store.leases._claim(10, 30, "w", None, None, None, TWO.groups[1])
-    assert sorted(d.lease.execution_id for d in one) == sorted(odd)
-    rest = await store.leases.claim_due(10, 30, "w")
-    assert sorted(d.lease.execution_id for d in rest) == sorted(even)
 
 
 async def test_a_claim_visits_groups_until_its_limit_and_starts_one_further_each_time(

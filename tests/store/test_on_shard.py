@@ -16,25 +16,7 @@ from app.store.on_shard import REGISTRY, OnShard
 from app.store.types import Lease
 from tests.support.admission import admit
 from tests.support.claims import claim_one
-
-
-async def _stand_in_citus(database_url: str, shard_of_bucket: str,
-                          statements: list[OnShard]) -> None:
-    """One Postgres standing in for Citus: every shard's tables are the tables
-    themselves, a bucket's shard ID is `shard_of_bucket` (SQL over `b`), and
-    `statements` have their on-shard functions."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(
-            "CREATE FUNCTION fencepost_shard(t text, b smallint) RETURNS text "
-            "LANGUAGE sql AS 'SELECT t'")
-        await conn.execute(
-            "CREATE FUNCTION get_shard_id_for_distribution_column(t text, b smallint) "
-            f"RETURNS bigint LANGUAGE sql AS 'SELECT ({shard_of_bucket})::bigint'")
-        for statement in statements:
-            await conn.execute(statement.ddl())
-    finally:
-        await conn.close()
+from tests.support.stand_in_citus import stand_in_citus
 
 
 def test_every_statement_is_registered_once_and_names_its_tables():
@@ -57,7 +39,8 @@ async def test_declared_types_are_what_postgres_describes(database_url, name):
     finally:
         await conn.close()
     # As asyncpg names them.
-    aliases = {"bigint": "int8", "integer": "int4", "boolean": "bool", "float8": "float8"}
+    aliases = {"bigint": "int8", "integer": "int4", "smallint": "int2", "boolean": "bool",
+               "float8": "float8"}
 
     def named(sql_type: str) -> str:
         base, array = (sql_type[:-2], "[]") if sql_type.endswith("[]") else (sql_type, "")
@@ -68,7 +51,7 @@ async def test_declared_types_are_what_postgres_describes(database_url, name):
 
 
 async def test_the_function_answers_what_the_statement_answers(database_url, store):
-    await _stand_in_citus(database_url, "1", list(REGISTRY.values()))
+    await stand_in_citus(database_url, "1", list(REGISTRY.values()))
     eid = await admit(store, "wf", "on-shard-1")
     lease = (await claim_one(store, eid)).lease
     write = REGISTRY["write_steps"]
@@ -98,7 +81,7 @@ async def test_rows_of_buckets_on_another_shard_are_refused_and_nothing_is_writt
     """A caller whose placement is out of date (a shard split since it was
     read) sends rows of a bucket the shard does not hold: refused."""
     # Two "shards": even and odd buckets.
-    await _stand_in_citus(database_url, "b % 2", [REGISTRY["write_steps"]])
+    await stand_in_citus(database_url, "b % 2", [REGISTRY["write_steps"]])
     eid = await admit(store, "wf", "on-shard-2")
     lease = (await claim_one(store, eid)).lease
     args = ([eid], [lease.token], ["a"], ["completed"], ["1"], [None], [None], [1], [0])
