@@ -23,7 +23,7 @@ from app.dberrors import is_infrastructure
 from app.store.buckets import bucket_of
 from app.store.group_commit import GroupCommit
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.on_shard import NEXT_EVENT_ID, OnShard, send_notices
 from app.store.placement import Placement, placement_of
 from app.store.retry import RetryingPool
 from app.store.types import NOTIFY_CHANNEL, Admitted, Conflict, InvalidEvent
@@ -107,7 +107,8 @@ def _admission_sql(requests: str) -> str:
                                                     'requestId', r.request_id))
         FROM ins JOIN r USING (execution_id)
     )
-    -- NOTIFY is delivered on commit, so idle workers start at once.
+    -- NOTIFY is delivered on commit, so idle workers start at once (on
+    -- Citus it reaches none: see _DUE).
     SELECT r.ord, ins.execution_id, ins.status,
            pg_notify('{NOTIFY_CHANNEL}', '') IS NULL AS notified
     FROM ins JOIN r USING (execution_id)
@@ -136,6 +137,10 @@ _ADMIT_BATCH = OnShard("admit_batch", _admission_sql(
     + ", ".join(c for c, t in zip(_COLUMNS, _COLUMN_TYPES, strict=True) if t != "jsonb")
     + ", ord) ORDER BY u.execution_id, u.ord"),
     tuple("jsonb" if t == "jsonb" else f"{t}[]" for t in _COLUMN_TYPES), _ANSWER)
+
+# Idle workers are told an admission is due (in the statement on one
+# Postgres; on Citus by the admitting connection, after it: send_notices).
+_DUE = [(NOTIFY_CHANNEL, "")]
 
 # What a value Postgres cannot store raises: NaN/Infinity (the encoder
 # refuses them), \u0000 and lone surrogates (jsonb and text refuse them).
@@ -215,8 +220,11 @@ class Admissions(StoreObject):
             # On Citus each shard's part commits on its own: a part that
             # failed is answered alone, request by request, and the others
             # keep their answers (admitted is admitted).
-            rows = await (await self._placement()).per_shard(
+            placement = await self._placement()
+            rows = await placement.per_shard(
                 requests, lambda r: r.execution_id, self._admit_part, on_error=_each_alone)
+            if placement.distributed and any(row is not None for row in rows):
+                await send_notices(self.db, _DUE)
         except Exception as exc:
             if is_infrastructure(exc):  # the database failing: every request's answer
                 raise
@@ -243,6 +251,8 @@ class Admissions(StoreObject):
                 # Nothing was stored.
                 raise InvalidEvent(str(exc)) from exc
             if rows:
+                if placement.distributed:
+                    await send_notices(self.db, _DUE)
                 return Admitted(rows[0]["execution_id"], rows[0]["status"])
             holder = await self._id_holder(request.execution_id, request.workflow_id,
                                            request.params)

@@ -132,3 +132,16 @@ class OnShard:
         if buckets is None:
             return list(await db.fetch(self.sql, *args))
         return list(await db.fetch(self.call, buckets[0], buckets, *args))
+
+
+async def send_notices(db: Any, notices: list[tuple[str, str]]) -> None:
+    """NOTIFY each (channel, payload) on `db`'s own connection (delivered when
+    its transaction commits; at once outside one). What a statement on a
+    shard has to tell listeners is sent this way: on Citus a NOTIFY in the
+    function runs on a worker node, where no listener is, and a transaction
+    that spans nodes cannot commit one (two-phase commit)."""
+    if notices:
+        await db.fetch("SELECT count(pg_notify(n.channel, n.payload)) "
+                       "FROM unnest($1::text[], $2::text[]) AS n(channel, payload)",
+                       [c for c, _ in notices], [p for _, p in notices])
+

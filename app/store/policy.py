@@ -19,7 +19,7 @@ import asyncpg
 from app.schema import TERMINAL_STATUSES
 from app.store.compose import WAKE_PARENT, WAKEABLE_PARENT
 from app.store.handle import Handle
-from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.on_shard import NEXT_EVENT_ID, OnShard, send_notices
 from app.store.placement import SINGLE_NODE, Placement
 from app.store.retry import Connection
 from app.store.types import ENDED_CHANNEL, NOTIFY_CHANNEL
@@ -168,10 +168,8 @@ async def after_ends(db: Handle | Connection, placement: Placement,
     watched), in the caller's transaction: the parents of those that reached
     a terminal status are woken (on Citus, one statement per shard they are
     in), and idle workers and long-polls are told at commit (idle workers
-    also when `due`: one of the rows itself is due now). The notices are
-    sent here, on the caller's connection, not by the statements on the
-    shards: on Citus a NOTIFY there reaches no listener on the coordinator,
-    and a transaction that spans nodes cannot commit one (two-phase commit)."""
+    also when `due`: one of the rows itself is due now), on the caller's
+    connection (on_shard.send_notices)."""
     terminal = [r for r in ended if r["status"] in TERMINAL_STATUSES]
     parents = sorted({r["parent_execution_id"] for r in terminal
                       if r["parent_execution_id"] is not None})
@@ -184,10 +182,7 @@ async def after_ends(db: Handle | Connection, placement: Placement,
     notices = [(ENDED_CHANNEL, r["execution_id"]) for r in terminal if r["watched"]]
     if due or any(woken):
         notices.append((NOTIFY_CHANNEL, ""))  # a woken parent is due now
-    if notices:
-        await db.fetch("SELECT count(pg_notify(n.channel, n.payload)) "
-                       "FROM unnest($1::text[], $2::text[]) AS n(channel, payload)",
-                       [c for c, _ in notices], [p for _, p in notices])
+    await send_notices(db, notices)
 
 
 async def settle(db: Handle | Connection, execution_ids: list[str], threshold: int,

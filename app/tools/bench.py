@@ -303,11 +303,16 @@ async def _backlog(port: int, conn: asyncpg.Connection, run: str, n: int, client
         await asyncio.sleep(0.1)
     span = await conn.fetchval(
         """
-        -- Citus: executions by an ID pattern, of every bucket (multi-shard)
-        SELECT extract(epoch FROM max(e.updated_at) - (
-            SELECT min(v.at) FROM execution_events v
-            WHERE v.execution_id LIKE $1 AND v.kind = 'claimed'))
-        FROM executions e WHERE e.execution_id LIKE $1
+        -- Citus: executions by an ID pattern, of every bucket (multi-shard);
+        -- each aggregate apart (Citus pushes no subquery of a target list
+        -- down past an aggregate)
+        WITH first_claim AS (
+            SELECT min(v.at) AS at FROM execution_events v
+            WHERE v.execution_id LIKE $1 AND v.kind = 'claimed'
+        ), last_end AS (
+            SELECT max(e.updated_at) AS at FROM executions e WHERE e.execution_id LIKE $1
+        )
+        SELECT extract(epoch FROM l.at - f.at) FROM first_claim f, last_end l
         """,
         pattern,
     )
