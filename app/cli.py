@@ -121,6 +121,15 @@ def _configure_migrate(p: argparse.ArgumentParser) -> None:
              "DATABASE_URL; the citus extension and worker nodes added first): per-execution "
              "tables by bucket, the small shared ones as reference tables; again is harmless",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="with --citus, when the tables are first distributed: spread the executions "
+             "over N shards (default: 2 per worker node). Fewer is faster (each batch makes "
+             "one round trip per shard it reaches); more lets more nodes share the load "
+             "later without splitting shards",
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -143,7 +152,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
 
-    if args.citus:  # refused before anything is migrated
+    # Refused before anything is migrated.
+    if args.shards is not None and (not args.citus or not 1 <= args.shards <= 4096):
+        raise CliError("--shards needs --citus and a number of shards from 1 to 4096 "
+                       f"(got {args.shards}{'' if args.citus else ', without --citus'})",
+                       EXIT_USAGE)
+    if args.citus:
         from app import citus
 
         try:
@@ -163,7 +177,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         from app import citus
 
         try:
-            changed = asyncio.run(citus.distribute(url))
+            changed = asyncio.run(citus.distribute(url, args.shards))
         except citus.CitusMissing as exc:
             raise CliError(str(exc), EXIT_USAGE) from exc
         for line in changed:

@@ -62,9 +62,10 @@ async def _with_lock(url: str, fn: Callable[[Connection], None]) -> None:
         await engine.dispose()
 
 
-async def upgrade(url: str, revision: str = "head", *, citus: bool = False) -> None:
+async def upgrade(url: str, revision: str = "head", *, citus: bool = False,
+                  shards: int | None = None) -> None:
     """Upgrade to `revision`; with `citus`, then distribute the tables over the
-    database's Citus cluster (app/citus.py; at head only)."""
+    database's Citus cluster (app/citus.py; at head only; `shards` as there)."""
     def run(sync_conn: Connection) -> None:
         cfg = alembic_config(url)
         cfg.attributes["connection"] = sync_conn
@@ -74,7 +75,7 @@ async def upgrade(url: str, revision: str = "head", *, citus: bool = False) -> N
     if citus:
         from app.citus import distribute
 
-        await distribute(url)
+        await distribute(url, shards)
 
 
 async def downgrade(url: str, revision: str = "base") -> None:

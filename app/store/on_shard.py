@@ -22,6 +22,7 @@ Postgres describes for the plain statement).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,23 +106,51 @@ class OnShard:
 
     def ddl(self) -> str:
         """The function that runs this statement on the shard of its first
-        argument's bucket (see the module's docstring)."""
+        argument's bucket (see the module's docstring).
+
+        The statement is prepared once per session (of the coordinator's
+        connection to the node) and shard, under a name that carries a hash
+        of its text (a new text, a new name), and then only executed: its
+        plan is cached as a statement sent by the application is on one
+        Postgres. (Planned anew at each call, the claim took 7 ms on the
+        node, prepared 0.5 ms.) A session-local setting remembers it is
+        prepared; the catalog of prepared statements is read only when that
+        setting was lost (a rollback undoes it, not the PREPARE)."""
         body = _TABLE_REF.sub(
             lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3).lower()}__", self.sql)
-        if "$fencepost$" in body:
-            raise ValueError(f"{self.name}: the statement holds the function's quote")
+        if "$fencepost$" in body or "$statement$" in body:
+            raise ValueError(f"{self.name}: the statement holds the function's quotes")
         args = ", ".join(f"p{i + 1} {t}" for i, t in enumerate(self.params))
         returns = ", ".join(f"{c} {t}" for c, t in self.columns)
         shards = "\n".join(
-            f"    q := replace(q, '__fp_{t}__', fencepost_shard('{t}', bucket));"
+            f"            q := replace(q, '__fp_{t}__', fencepost_shard('{t}', bucket));"
             for t in self.tables)
-        using = ", ".join(f"p{i + 1}" for i in range(len(self.params)))
+        prefix = f"fp_{self.name}_{hashlib.md5(body.encode()).hexdigest()[:8]}_"
+        # The arguments as literals of the EXECUTE (it takes no parameters).
+        literals = ", ".join("%L" for _ in self.params)
+        values = ", ".join(f"p{i + 1}" for i in range(len(self.params)))
         return (
             f"CREATE OR REPLACE FUNCTION {self.function}(bucket smallint, buckets smallint[], "
             f"{args})\n"
             f"RETURNS TABLE ({returns}) LANGUAGE plpgsql AS $fencepost$\n"
-            f"DECLARE q text := $statement${body}$statement$;\n"
-            f"BEGIN\n{_SAME_SHARD}\n{shards}\n    RETURN QUERY EXECUTE q USING {using};\n"
+            f"DECLARE\n"
+            f"    statement_name text := '{prefix}'\n"
+            f"        || get_shard_id_for_distribution_column('executions', bucket);\n"
+            f"    q text;\n"
+            f"BEGIN\n{_SAME_SHARD}\n"
+            f"    IF current_setting('fencepost.' || statement_name, true)\n"
+            f"            IS DISTINCT FROM 'prepared' THEN\n"
+            f"        IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s\n"
+            f"                       WHERE s.name = statement_name) THEN\n"
+            f"            q := $statement${body}$statement$;\n"
+            f"{shards}\n"
+            f"            EXECUTE format('PREPARE %I({', '.join(self.params)}) AS %s', "
+            f"statement_name, q);\n"
+            f"        END IF;\n"
+            f"        PERFORM set_config('fencepost.' || statement_name, 'prepared', false);\n"
+            f"    END IF;\n"
+            f"    RETURN QUERY EXECUTE format('EXECUTE %I({literals})', statement_name, "
+            f"{values});\n"
             f"END\n$fencepost$")
 
     async def fetch(self, db: Any, buckets: list[int] | None,

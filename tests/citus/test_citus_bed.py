@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from app.store import ExecutionStore
-from app.store.buckets import bucket_of
+from app.store.buckets import PER_EXECUTION, bucket_of
 from tests.conftest import TestServer, with_database
 
 pytestmark = pytest.mark.citus
@@ -63,6 +63,23 @@ async def test_executions_is_distributed_by_bucket(database_url: str) -> None:
         "JOIN pg_dist_shard s USING (shardid) "
         "WHERE s.logicalrelid = 'executions'::regclass")
     assert {r["groupid"] for r in workers} - {0}, "no shard of executions on a worker"
+
+
+async def test_the_shards_are_two_per_worker_node_and_shared_by_every_table(
+        database_url: str) -> None:
+    """`fencepost migrate --citus` without --shards: two shards per worker
+    node, and every per-execution table co-located with executions."""
+    nodes = await _fetch(
+        database_url, "SELECT count(*) AS n FROM pg_dist_node "
+        "WHERE groupid <> 0 AND noderole = 'primary' AND isactive")
+    rows = await _fetch(
+        database_url,
+        "SELECT p.logicalrelid::text AS t, p.colocationid, count(s.shardid) AS shards "
+        "FROM pg_dist_partition p JOIN pg_dist_shard s USING (logicalrelid) "
+        "WHERE p.partmethod = 'h' GROUP BY 1, 2")
+    assert {r["t"] for r in rows} == set(PER_EXECUTION)
+    assert {(r["colocationid"], r["shards"]) for r in rows} == {
+        (rows[0]["colocationid"], 2 * nodes[0]["n"])}
 
 
 async def test_an_admission_lands_in_its_bucket_shard(

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -136,6 +137,17 @@ async def test_cli_migrate_citus_without_citus_changes_nothing(empty_database_ur
                                      database_url=empty_database_url)
     assert result.returncode == 2, result
     assert "CREATE EXTENSION citus" in result.stderr
+    assert await migrate.current_revision(empty_database_url) is None
+
+
+@pytest.mark.parametrize("args", [["--shards", "4"], ["--citus", "--shards", "0"],
+                                  ["--citus", "--shards", "5000"]])
+async def test_cli_migrate_shards_out_of_place_changes_nothing(empty_database_url, args):
+    """`--shards` without `--citus`, or out of range, is refused before
+    anything is migrated, saying what it needs."""
+    result = await asyncio.to_thread(run_cli, "migrate", *args, database_url=empty_database_url)
+    assert result.returncode == 2, result
+    assert "--shards needs --citus and a number of shards from 1 to 4096" in result.stderr
     assert await migrate.current_revision(empty_database_url) is None
 
 

@@ -23,7 +23,7 @@ def test_every_statement_is_registered_once_and_names_its_tables():
     assert {"write_steps", "write_steps_skip_locked", "recorded_steps"} <= set(REGISTRY)
     for statement in REGISTRY.values():
         assert statement.tables, statement.name
-        assert statement.ddl().count("RETURN QUERY EXECUTE q USING") == 1
+        assert statement.ddl().count("RETURN QUERY EXECUTE format('EXECUTE %I(") == 1
     with pytest.raises(ValueError, match="two statements"):
         OnShard("write_steps", "SELECT 1 FROM executions", (), (("x", "int"),))
 
@@ -92,6 +92,48 @@ async def test_rows_of_buckets_on_another_shard_are_refused_and_nothing_is_writt
     # The same rows with buckets of one shard go through.
     assert [r["fenced"] for r in await REGISTRY["write_steps"].fetch(
         store.pool, [4, 6], *args)] == [True]
+
+
+async def test_each_statement_is_prepared_once_per_session_and_shard(database_url, store):
+    """The function prepares its statement on first use in a session, per
+    shard, and then only executes it: also after a rollback, which undoes
+    the setting that remembers it but not the PREPARE."""
+    await stand_in_citus(database_url, "b % 2", [REGISTRY["recorded_steps"]])
+    eid = await admit(store, "wf", "prepared-once")
+    recorded = REGISTRY["recorded_steps"]
+    conn = await asyncpg.connect(database_url)
+    try:
+        async def prepared() -> list[str]:
+            return [r["name"] for r in await conn.fetch(
+                "SELECT name FROM pg_prepared_statements WHERE name LIKE 'fp_recorded_steps_%' "
+                "ORDER BY name")]
+
+        assert await recorded.fetch(conn, [4], [eid], ["a"]) == []
+        assert len(await prepared()) == 1
+        for _ in range(3):
+            assert await recorded.fetch(conn, [4], [eid], ["a"]) == []
+        assert len(await prepared()) == 1
+        # Another "shard" (odd buckets): prepared for it as well.
+        await recorded.fetch(conn, [5], [eid], ["a"])
+        assert len(await prepared()) == 2
+        # Prepared in a transaction that rolled back: kept, and used again.
+        other = await asyncpg.connect(database_url)
+        try:
+            tr = other.transaction()
+            await tr.start()
+            await recorded.fetch(other, [4], [eid], ["a"])
+            await tr.rollback()
+            assert await other.fetchval(
+                "SELECT current_setting('fencepost.' || name, true) FROM pg_prepared_statements "
+                "WHERE name LIKE 'fp_recorded_steps_%'") in (None, "")
+            assert await recorded.fetch(other, [4], [eid], ["a"]) == []
+            assert await other.fetchval(
+                "SELECT count(*) FROM pg_prepared_statements "
+                "WHERE name LIKE 'fp_recorded_steps_%'") == 1
+        finally:
+            await other.close()
+    finally:
+        await conn.close()
 
 
 def test_a_table_mentioned_where_it_cannot_be_renamed_is_refused():
