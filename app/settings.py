@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(
         1.0, gt=0, description="How often an idle worker polls for due executions at most (LISTEN/NOTIFY wakes it sooner, and it wakes at the earliest due time its last claim told of)."
     )
+    claim_recheck_seconds: float = Field(
+        1.0, ge=0, description="On Citus: how long a claimer skips a shard group where its last claim found nothing due (until that claim's next due time if sooner; a NOTIFY ends it at once). 0: every claim looks in every group."
+    )
     shutdown_grace_seconds: float = Field(
         30.0, ge=0, description="How long a stopping worker lets running deliveries finish before releasing them."
     )

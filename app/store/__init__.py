@@ -145,12 +145,14 @@ class ExecutionStore(StoreObjects):
         redelivery_base_seconds: float = 1.0,
         redelivery_cap_seconds: float = 300.0,
         max_unacknowledged_deliveries: int = 25,
+        claim_recheck_seconds: float = 1.0,
     ) -> None:
         self.pool = retrying(pool)
         super().__init__(self.pool, StoreConfig(
             redelivery_base=float(redelivery_base_seconds),
             redelivery_cap=float(redelivery_cap_seconds),
             max_unacknowledged=int(max_unacknowledged_deliveries),
+            claim_recheck=float(claim_recheck_seconds),
         ))
 
     @classmethod
@@ -160,6 +162,7 @@ class ExecutionStore(StoreObjects):
             redelivery_base_seconds=settings.redelivery_base_seconds,
             redelivery_cap_seconds=settings.redelivery_cap_seconds,
             max_unacknowledged_deliveries=settings.max_unacknowledged_deliveries,
+            claim_recheck_seconds=settings.claim_recheck_seconds,
         )
 
     @contextlib.asynccontextmanager

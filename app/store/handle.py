@@ -108,6 +108,9 @@ class StoreConfig:
     redelivery_base: float = 1.0
     redelivery_cap: float = 300.0
     max_unacknowledged: int = 25
+    # Citus: how long a claimer skips a shard group that had nothing due
+    # (ClaimRotation); a per-process setting, not a shared one.
+    claim_recheck: float = 1.0
     placement: PlacementCache = field(default_factory=PlacementCache, compare=False)
 
 

@@ -802,7 +802,7 @@ class Leases(StoreObject):
         the groups before it took, so a queue's slots are never taken twice
         over (its lock keeps other claimers out meanwhile)."""
         if self._rotation is None or self._rotation.groups != placement.groups:
-            self._rotation = ClaimRotation(placement.groups)
+            self._rotation = ClaimRotation(placement.groups, self.config.claim_recheck)
         order = self._rotation.order()
 
         async def run(conn: Any) -> list[tuple[int, list[asyncpg.Record]]]:
