@@ -222,7 +222,8 @@ class Admissions(StoreObject):
             # keep their answers (admitted is admitted).
             placement = await self._placement()
             rows = await placement.per_shard(
-                requests, lambda r: r.execution_id, self._admit_part, on_error=_each_alone)
+                requests, lambda r: r.execution_id, self._admit_part, on_error=_each_alone,
+                at_once=isinstance(self.db, RetryingPool))
             if placement.distributed and any(row is not None for row in rows):
                 await send_notices(self.db, _DUE)
         except Exception as exc:

@@ -876,7 +876,7 @@ class Leases(StoreObject):
         # On Citus one statement per shard the leases are in, each on its
         # shard; each renews (or skips) its own leases alone.
         answers = await placement.per_shard(leases, lambda lease: lease.execution_id,
-                                            renew_part)
+                                            renew_part, at_once=isinstance(self.db, RetryingPool))
         rows = [r for r in answers if r is not None]
         busy = {(r["execution_id"], r["token"]) for r in rows if r["busy"]}
         expiry = {(r["execution_id"], r["token"]): r["lease_expires_at"]
@@ -1094,7 +1094,8 @@ class Leases(StoreObject):
             return [_unstorable(exc)] * len(acks)
 
         return await placement.per_shard(batch, lambda ack: ack.lease.execution_id, part,
-                                         on_error=failed)
+                                         on_error=failed,
+                                         at_once=isinstance(self.db, RetryingPool))
 
     # -------------------------------------------------------------------- reaper
 

@@ -49,16 +49,20 @@ class Placement:
     async def per_shard(self, items: Sequence[T], execution_id: Callable[[T], str],
                         run: Callable[[list[T], list[int] | None], Awaitable[list[A]]], *,
                         on_error: Callable[[list[T], BaseException], list[A]] | None = None,
-                        ) -> list[A]:
+                        at_once: bool = False) -> list[A]:
         """`run(items, None)` on one Postgres; on Citus `run(part, buckets)`
         for the items of each shard (`buckets`: theirs, all of that shard),
-        one shard after the other, the answers in the items' order. Not all
-        at once: that opened up to one pool connection per shard, and the new
-        connections' type introspection queued on the coordinator past the
-        statement timeout (tests/citus/test_on_shard_citus.py). On Citus each
-        part commits on its own: a part that raised is answered by
-        `on_error(part, exception)` (None: every part runs, then the first
-        error is raised)."""
+        the answers in the items' order: all parts at once with `at_once`
+        (each `run` on a pool connection of its own: the caller's statements
+        are on the pool), else one shard after the other (they share the
+        caller's connection). On Citus each part commits on its own: a part
+        that raised is answered by `on_error(part, exception)` (None: every
+        part runs, then the first error is raised).
+
+        (Parts at once once timed out: the new connections' type lookups
+        queued on the coordinator. That lookup took 730 ms a connection on
+        Citus until the pools read the catalog with shards visible, app/db.py;
+        it takes 11 ms now.)"""
         if not self.distributed:
             return await run(list(items), None)
         parts: dict[int, list[int]] = {}
@@ -67,12 +71,21 @@ class Placement:
             parts.setdefault(self.group_of[bucket], []).append(i)
         answers: list[A | None] = [None] * len(items)
         calls = [(indexes, [buckets[i] for i in indexes]) for indexes in parts.values()]
-        results: list[Any] = []
-        for indexes, part_buckets in calls:
-            try:
-                results.append(await run([items[i] for i in indexes], part_buckets))
-            except Exception as exc:
-                results.append(exc)
+        results: list[Any]
+        if at_once:
+            results = list(await asyncio.gather(
+                *(run([items[i] for i in indexes], part_buckets)
+                  for indexes, part_buckets in calls), return_exceptions=True))
+            for got in results:
+                if isinstance(got, BaseException) and not isinstance(got, Exception):
+                    raise got  # a cancellation, not a part's answer
+        else:
+            results = []
+            for indexes, part_buckets in calls:
+                try:
+                    results.append(await run([items[i] for i in indexes], part_buckets))
+                except Exception as exc:
+                    results.append(exc)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed and on_error is None:
             raise failed[0]

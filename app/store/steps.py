@@ -319,7 +319,8 @@ async def write_steps(db: Handle, writes: Sequence[StepWrite], *,
     On Citus: one statement per shard the writes are in, each on its shard."""
     return await placement.per_shard(
         writes, lambda w: w.lease.execution_id,
-        lambda part, buckets: _write_steps(db, part, skip_locked, buckets))
+        lambda part, buckets: _write_steps(db, part, skip_locked, buckets),
+        at_once=isinstance(db, RetryingPool))
 
 
 async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: bool,
