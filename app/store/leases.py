@@ -794,37 +794,39 @@ class Leases(StoreObject):
         workflow_ids: list[str] | None, cleanup_seconds: list[float] | None,
         versions: list[str | None] | None,
     ) -> Claimed:
-        """The claim on Citus, in one transaction: the queues' limits counted
-        on the coordinator (after their locks, held to the end), then one
-        claim statement per shard group on its shard, in the rotation's
-        order, until `limit` are claimed; then the starts of rate-limited
-        queues are recorded. Each group's claim sees the limits less what
-        the groups before it took, so a queue's slots are never taken twice
-        over (its lock keeps other claimers out meanwhile)."""
+        """The claim on Citus, one transaction per node holding groups to
+        visit (so that a claim never commits on two nodes: no two-phase
+        commit), nodes in the rotation's order, until `limit` are claimed.
+        In each: the queues' limits counted on the coordinator (after their
+        locks, held to its end), then one claim statement per shard group
+        of that node on its shard, then the starts of rate-limited queues
+        recorded. Each group's claim sees the limits less what the groups
+        before it in the transaction took, so a queue's slots are never
+        taken twice over (its lock keeps other claimers out meanwhile)."""
         if self._rotation is None or self._rotation.groups != placement.groups:
             self._rotation = ClaimRotation(placement.groups, self.config.claim_recheck)
-        order = self._rotation.order()
 
-        async def run(conn: Any) -> list[tuple[int, list[asyncpg.Record]]]:
+        async def run(conn: Any, indexes: list[int], wanted: int
+                      ) -> list[tuple[int, list[asyncpg.Record]]]:
             limits = [dict(r) for r in await conn.fetch(
                 "SELECT * FROM fencepost_claim_limits($1::text[])", workflow_ids)]
             found: list[tuple[int, list[asyncpg.Record]]] = []
             taken = 0
-            for index in order:
+            for index in indexes:
                 group = list(placement.groups[index])
                 # Routed by the group's first bucket, and checked against it
                 # alone: the claim writes no row of a bucket it does not find
                 # in that shard (checking each of the group's buckets cost
                 # 2 ms a call).
                 rows = await _CLAIM_ON_SHARD.fetch(
-                    conn, group[:1], limit - taken, float(duration), owner,
+                    conn, group[:1], wanted - taken, float(duration), owner,
                     self.config.redelivery_base, self.config.redelivery_cap, workflow_ids,
                     self.config.max_unacknowledged, cleanup_seconds, versions, group, limits)
                 found.append((index, rows))
                 claimed = [r for r in rows if r["execution_id"] is not None]
                 _spend(limits, claimed)
                 taken += len(claimed)
-                if taken >= limit:
+                if taken >= wanted:
                     break
             starts = [r for _, rows in found for r in rows
                       if r["execution_id"] is not None and r["starts"] and r["start_limited"]]
@@ -833,7 +835,15 @@ class Leases(StoreObject):
                                    [r["concurrency_key"] for r in starts])
             return found
 
-        found = await self.db.run_in_transaction(run)
+        found: list[tuple[int, list[asyncpg.Record]]] = []
+        taken = 0
+        for indexes in placement.by_node(self._rotation.order()):
+            on_node = await self.db.run_in_transaction(
+                partial(run, indexes=indexes, wanted=limit - taken))
+            found.extend(on_node)
+            taken += sum(1 for _, rows in on_node for r in rows if r["execution_id"] is not None)
+            if taken >= limit:
+                break
         deliveries: list[Delivery] = []
         earliest: float | None = None
         for index, rows in found:
@@ -1079,13 +1089,21 @@ class Leases(StoreObject):
         statement = _ACKNOWLEDGE_BATCH_ON_SHARD if in_group else _ACKNOWLEDGE_ALONE_ON_SHARD
 
         async def part(acks: list[_Ack], buckets: list[int] | None) -> list[_Written]:
-            async def run(conn: Connection) -> list[asyncpg.Record]:
+            async def run(conn: Connection | Handle) -> list[asyncpg.Record]:
                 rows = await statement.fetch(conn, buckets, *_ack_arrays(acks))
                 done = [r for r in rows if not r["skipped"]]
                 await after_ends(conn, placement, done, due=any(r["due_now"] for r in done))
                 return rows
 
-            by_n = {row["n"]: row for row in await self.db.run_in_transaction(run)}
+            if in_group:
+                # A batch writes no execution with a parent (those are sent
+                # alone), so nothing of what follows must commit with it:
+                # the notices are sent after it (hints: a worker or a
+                # long-poll that misses one finds the end at its next poll).
+                rows = await run(self.db)
+            else:
+                rows = await self.db.run_in_transaction(run)
+            by_n = {row["n"]: row for row in rows}
             return [by_n.get(n) for n in range(1, len(acks) + 1)]
 
         def failed(acks: list[_Ack], exc: BaseException) -> list[_Written]:

@@ -29,6 +29,9 @@ class Placement:
     """None of it on one Postgres (`groups` empty): everything in one place."""
 
     groups: tuple[tuple[int, ...], ...] = ()
+    # The node (Citus group ID) holding each group's shard; () when unknown
+    # (all taken as one node).
+    nodes: tuple[int, ...] = ()
 
     @property
     def distributed(self) -> bool:
@@ -38,6 +41,14 @@ class Placement:
     def group_of(self) -> dict[int, int]:
         """Each bucket's group (index in `groups`)."""
         return {b: i for i, group in enumerate(self.groups) for b in group}
+
+    def by_node(self, order: Sequence[int]) -> list[list[int]]:
+        """The group indexes of `order`, in runs of one node each (nodes in
+        the order `order` first reaches them)."""
+        runs: dict[int, list[int]] = {}
+        for index in order:
+            runs.setdefault(self.nodes[index] if self.nodes else 0, []).append(index)
+        return list(runs.values())
 
     def each_shard(self) -> list[list[int] | None]:
         """The buckets a sweep visits in turn: all at once on one Postgres
@@ -101,10 +112,13 @@ class Placement:
 SINGLE_NODE = Placement()
 
 _PLACEMENT_SQL = f"""
-SELECT get_shard_id_for_distribution_column('executions', b::smallint) AS shard,
-       array_agg(b ORDER BY b) AS buckets
-FROM generate_series(0, {BUCKETS - 1}) AS b
-GROUP BY 1 ORDER BY 1
+SELECT s.shard, s.buckets, p.groupid AS node
+FROM (SELECT get_shard_id_for_distribution_column('executions', b::smallint) AS shard,
+             array_agg(b ORDER BY b) AS buckets
+      FROM generate_series(0, {BUCKETS - 1}) AS b
+      GROUP BY 1) s
+JOIN pg_dist_placement p ON p.shardid = s.shard
+ORDER BY s.shard
 """
 
 
@@ -121,7 +135,8 @@ async def read_placement(db: Any) -> Placement:
     if not distributed:
         return SINGLE_NODE
     rows = await db.fetch(_PLACEMENT_SQL)
-    return Placement(tuple(tuple(r["buckets"]) for r in rows))
+    return Placement(tuple(tuple(r["buckets"]) for r in rows),
+                     tuple(r["node"] for r in rows))
 
 
 async def placement_of(db: Any, cache: PlacementCache) -> Placement:

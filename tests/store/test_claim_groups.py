@@ -96,3 +96,14 @@ async def test_rotation_rechecks_an_idle_group_after_its_recheck_time():
     assert rotation.order() == [1]
     await asyncio.sleep(0.06)
     assert sorted(rotation.order()) == [0, 1]
+
+
+def test_groups_are_visited_in_runs_of_one_node():
+    """A claim visits the groups of one node in one transaction (no commit
+    across nodes): the rotation's order, regrouped by node, nodes in the
+    order the rotation first reaches them."""
+    placement = Placement(((0,), (1,), (2,), (3,)), nodes=(10, 20, 10, 20))
+    assert placement.by_node([1, 2, 3, 0]) == [[1, 3], [2, 0]]
+    assert placement.by_node([2]) == [[2]]
+    # Nodes unknown: one run.
+    assert TWO.by_node([1, 0]) == [[1, 0]]
