@@ -814,12 +814,8 @@ class Leases(StoreObject):
             taken = 0
             for index in indexes:
                 group = list(placement.groups[index])
-                # Routed by the group's first bucket, and checked against it
-                # alone: the claim writes no row of a bucket it does not find
-                # in that shard (checking each of the group's buckets cost
-                # 2 ms a call).
                 rows = await _CLAIM_ON_SHARD.fetch(
-                    conn, group[:1], wanted - taken, float(duration), owner,
+                    conn, group, wanted - taken, float(duration), owner,
                     self.config.redelivery_base, self.config.redelivery_cap, workflow_ids,
                     self.config.max_unacknowledged, cleanup_seconds, versions, group, limits)
                 found.append((index, rows))

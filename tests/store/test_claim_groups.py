@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
 from app.store import ExecutionStore
@@ -107,3 +108,25 @@ def test_groups_are_visited_in_runs_of_one_node():
     assert placement.by_node([2]) == [[2]]
     # Nodes unknown: one run.
     assert TWO.by_node([1, 0]) == [[1, 0]]
+
+
+async def test_a_claim_with_a_placement_read_before_a_split_is_refused(store, plain):
+    """A process that read the placement before a shard was split (here: one
+    group holding the buckets of both stand-in shards) is refused with FPST1,
+    nothing claimed, rather than claiming the half of the group on the shard
+    of its first bucket and never looking at the other half; a claim with
+    the placement as it is goes on working, call after call."""
+    even, odd = _ids_in(0, 2, "split-e"), _ids_in(1, 2, "split-o")
+    for eid in even + odd:
+        await admit(plain, "wf", eid)
+    _force(store, Placement((tuple(range(BUCKETS)),)))
+    with pytest.raises(asyncpg.PostgresError, match="not all on the shard") as refused:
+        await store.leases.claim_due(10, 30, "w")
+    assert refused.value.sqlstate == "FPST1"
+    assert await plain.pool.fetchval(
+        "SELECT count(*) FROM executions WHERE status = 'running'") == 0
+    _force(store, TWO)
+    store.leases.wake_claims()
+    first = await store.leases.claim_due(2, 30, "w")
+    second = await store.leases.claim_due(10, 30, "w")
+    assert sorted(d.lease.execution_id for d in [*first, *second]) == sorted(even + odd)
