@@ -65,11 +65,11 @@ _CLEANUP_DUE = """(i.reported = 'suspended'
 # a lone acknowledgement takes them as its writes reach them (it may wait).
 #
 # One Postgres: one statement takes the rows, writes them, wakes the parents
-# their ends wake and notifies. Citus (_ACKNOWLEDGE_ON_SHARD): one statement
-# per shard writes that shard's rows alone; the parents (maybe on other
-# nodes) are woken and the notices sent after it, in its transaction
+# their ends wake and notifies. Citus (_ACKNOWLEDGE_*_ON_SHARD): one statement
+# per shard writes that shard's rows alone, and the notices follow it
 # (policy.after_ends). In a batch there a row with a parent is skipped (sent
-# alone), so that no batch waits for a parent's lock.
+# alone), so that no batch waits for a parent's lock; alone, the parent is
+# woken (maybe on another node) in the statement's transaction.
 _ACK_INPUT = """
 WITH i AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
@@ -95,16 +95,7 @@ _ACK_TAKE = """
         ON c.execution_id = i.execution_id AND c.bucket = fencepost_bucket(i.execution_id)
     WHERE c.parent_execution_id IS NOT NULL
       AND i.execution_id NOT IN (SELECT execution_id FROM held_back)
-), locked AS MATERIALIZED (
-    -- Every row this statement may write (the acknowledged ones and the
-    -- parents their ends wake), in execution_id order: in a batch, locked
-    -- here in this one pass (SKIP LOCKED), before any of them is written.
-    SELECT x.execution_id, x.parent_execution_id FROM executions x
-    WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
-                                         FROM wanted)
-    ORDER BY x.execution_id
-    {lock}
-), ready AS (
+), {locked}, ready AS (
     -- Written here: the rows whose own row and parent (if it still exists)
     -- this statement holds. The others are answered `skipped`, nothing of
     -- them written, and sent alone: a row another transaction holds then
@@ -118,18 +109,25 @@ _ACK_TAKE = """
                             AND p.bucket = fencepost_bucket(l.parent_execution_id)))
 )"""
 _ACK_TAKE_ON_SHARD = """
-    locked AS MATERIALIZED (
-    -- This shard's rows of the batch, in execution_id order (as _ACK_TAKE).
-    SELECT x.execution_id, x.parent_execution_id FROM executions x
-    WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
-                                         FROM i)
-    ORDER BY x.execution_id
-    {lock}
-), ready AS (
+    {locked}, ready AS (
     -- Written here: the rows this statement holds (in a batch, of those
     -- with no parent).
     SELECT i.* FROM i JOIN locked l ON l.execution_id = i.execution_id {ready}
 )"""
+# Every row the statement may write (`{rows}`: on one Postgres the
+# acknowledged ones and the parents their ends wake; on a shard, that shard's
+# acknowledged ones), in execution_id order: in a batch, locked here in this
+# one pass (SKIP LOCKED), before any of them is written.
+def _ack_locked(rows: str, lock: str) -> str:
+    return f"""locked AS MATERIALIZED (
+    SELECT x.execution_id, x.parent_execution_id FROM executions x
+    WHERE (x.execution_id, x.bucket) IN (SELECT execution_id, fencepost_bucket(execution_id)
+                                         FROM {rows})
+    ORDER BY x.execution_id
+    {lock}
+)"""
+
+
 _ACK_WRITE = """
     a AS (
     -- The fence, atomic: the token check and the write are one step on a
@@ -217,7 +215,7 @@ WHERE n NOT IN (SELECT n FROM ready)
 
 
 def _acknowledge_sql(lock: str) -> str:
-    return (_ACK_INPUT + ", " + _ACK_TAKE.format(lock=lock).lstrip() + ", "
+    return (_ACK_INPUT + ", " + _ACK_TAKE.format(locked=_ack_locked("wanted", lock)).lstrip() + ", "
             + _ACK_WRITE.lstrip() + ", " + WAKE_PARENTS.format(ended="a").lstrip() + ", "
             + _ACK_EVENTS.lstrip() + _ACK_ANSWER).format(
         cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME, timed_out=TIMED_OUT_OUTCOME,
@@ -227,7 +225,7 @@ def _acknowledge_sql(lock: str) -> str:
 
 def _acknowledge_on_shard(name: str, lock: str, ready: str) -> OnShard:
     return OnShard(name, (
-        _ACK_INPUT + ", " + _ACK_TAKE_ON_SHARD.format(lock=lock, ready=ready).lstrip() + ", "
+        _ACK_INPUT + ", " + _ACK_TAKE_ON_SHARD.format(locked=_ack_locked("i", lock), ready=ready).lstrip() + ", "
         + _ACK_WRITE.lstrip() + ", " + _ACK_EVENTS.lstrip() + _ACK_ANSWER_ON_SHARD).format(
         cleanup_due=_CLEANUP_DUE, cancelled=CANCELLED_OUTCOME, timed_out=TIMED_OUT_OUTCOME,
         next_event=NEXT_EVENT_ID, watched=WATCHED.format(ended="a")), (
