@@ -400,20 +400,26 @@ async def _drop_database(admin: asyncpg.Connection, name: str, tries: int = 1) -
             return
         except asyncpg.ObjectInUseError as exc:
             # A process FORCE did not end within the 5 s DROP waits (on Citus, a
-            # maintenance daemon started while the drop began): the next try stops it.
+            # maintenance daemon: it ends only between its tasks).
             if attempt == tries:
                 holders = await admin.fetch(
-                    "SELECT pid, backend_type, application_name, backend_start, state "
+                    "SELECT pid, backend_type, application_name, backend_start, state, "
+                    "wait_event_type, wait_event "
                     "FROM pg_stat_activity WHERE datname = $1", name)
                 raise RuntimeError(f"could not drop database {name} after {tries} tries; "
                                    f"still connected: {[dict(h) for h in holders]}") from exc
             _BUSY_DROPS.append(name)
+            # Outside the DROP (which holds the database's lock, so that a daemon's
+            # connection to this copy waits for it), end the holders and wait for them.
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
 
 
 async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> None:
-    """Drop `name` on every node: the coordinator's first (its sessions and maintenance
-    daemon hold connections to the workers' copies), then the workers'. Every node is
-    tried; the first error is raised after."""
+    """Drop `name` on every node, one node after another: the coordinator's first (its
+    sessions and maintenance daemon hold connections to the workers' copies), then each
+    worker's. Every node is tried; the first error is raised after."""
     if len(admins) > 1:
         # Citus: a connection to a copy starts that copy's maintenance daemon (and the
         # coordinator's daemon connects to the workers' every few seconds); one starting
@@ -427,14 +433,19 @@ async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> N
     tries = 3 if len(admins) > 1 else 1
     started = time.perf_counter()
     errors: list[BaseException] = []
-    try:
-        await _drop_database(admins[0], name, tries)
-    except Exception as exc:
-        errors.append(exc)
-    results = await asyncio.gather(*(_drop_database(a, name, tries) for a in admins[1:]),
-                                   return_exceptions=True)
+    # Never two nodes at once. A DROP holds its database's lock while it waits (5 s) for
+    # the copy's maintenance daemon to end, and a daemon ends only between its tasks,
+    # some of which connect to the other nodes' copies; a connection to a copy whose DROP
+    # holds that lock waits for it. Two workers dropped at once can so wait for each
+    # other until both DROPs give up, try after try (seen in CI: three tries, 15 s, the
+    # daemon still there). With one DROP at a time, a daemon's connection elsewhere is
+    # refused at once (no connections allowed, or no database), so it reaches its end.
+    for admin in admins:
+        try:
+            await _drop_database(admin, name, tries)
+        except Exception as exc:
+            errors.append(exc)
     _DROP_TIMES_MS.append((time.perf_counter() - started) * 1000)
-    errors.extend(r for r in results if isinstance(r, BaseException))
     if errors:
         raise errors[0]
 
