@@ -437,9 +437,10 @@ async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> N
     # the copy's maintenance daemon to end, and a daemon ends only between its tasks,
     # some of which connect to the other nodes' copies; a connection to a copy whose DROP
     # holds that lock waits for it. Two workers dropped at once can so wait for each
-    # other until both DROPs give up, try after try (seen in CI: three tries, 15 s, the
-    # daemon still there). With one DROP at a time, a daemon's connection elsewhere is
-    # refused at once (no connections allowed, or no database), so it reaches its end.
+    # other until both DROPs give up, try after try (the likeliest reading of a CI failure:
+    # three tries, 15 s, the daemon still there; not reproduced here in 370 stress drops).
+    # With one DROP at a time, a daemon's connection elsewhere is refused at once (no
+    # connections allowed, or no database), so it reaches its end.
     for admin in admins:
         try:
             await _drop_database(admin, name, tries)
