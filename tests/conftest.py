@@ -393,6 +393,14 @@ async def pg_node_admins(pg_server: TestServer,
             await conn.close()
 
 
+async def _end_sessions(admin: asyncpg.Connection, name: str, wait_ms: int) -> None:
+    """End every other session on `name` (on `admin`'s server), waiting up to `wait_ms`
+    for each to be gone."""
+    await admin.execute(
+        "SELECT pg_terminate_backend(pid, $2) FROM pg_stat_activity "
+        "WHERE datname = $1 AND pid <> pg_backend_pid()", name, wait_ms)
+
+
 async def _drop_database(admin: asyncpg.Connection, name: str, tries: int = 1) -> None:
     for attempt in range(1, tries + 1):
         try:
@@ -411,9 +419,7 @@ async def _drop_database(admin: asyncpg.Connection, name: str, tries: int = 1) -
             _BUSY_DROPS.append(name)
             # Outside the DROP (which holds the database's lock, so that a daemon's
             # connection to this copy waits for it), end the holders and wait for them.
-            await admin.execute(
-                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-                "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
+            await _end_sessions(admin, name, wait_ms=10000)
 
 
 async def _drop_everywhere(admins: Sequence[asyncpg.Connection], name: str) -> None:
@@ -504,9 +510,7 @@ async def _freeze_template(admins: Sequence[asyncpg.Connection], name: str) -> N
         await admin.execute(
             f"ALTER DATABASE {_quote_ident(name)} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
     for admin in admins:  # the coordinator first: its daemon holds the workers' sessions
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
-            "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
+        await _end_sessions(admin, name, wait_ms=5000)
 
 
 async def _faster_strategy(admins: Sequence[asyncpg.Connection], template: str) -> str:
