@@ -12,10 +12,9 @@ the holder made no write, it learns it must stop.
 
 from __future__ import annotations
 
-from app.store.buckets import bucket_of
 from app.store.handle import StoreObject
 from app.store.on_shard import NEXT_EVENT_ID, OnShard
-from app.store.placement import placement_of
+from app.store.placement import shard_buckets
 from app.store.types import Lease, LeaseLost
 
 
@@ -42,7 +41,6 @@ async def rejected(store: StoreObject, lease: Lease, step_key: str | None = None
     """Record that a write under `lease` was refused by the fence and return
     the LeaseLost to raise. `step_key`: the step the write was for (None for
     the writes that end a delivery: acknowledge, release)."""
-    placement = await placement_of(store.db, store.config.placement)
-    await _REJECTED.fetch(store.db, [bucket_of(lease.execution_id)] if placement.distributed
-                          else None, lease.execution_id, lease.token, step_key)
+    await _REJECTED.fetch(store.db, await shard_buckets(store, lease.execution_id),
+                          lease.execution_id, lease.token, step_key)
     return LeaseLost(lease.execution_id, lease.token)

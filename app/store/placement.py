@@ -18,7 +18,9 @@ from functools import cached_property
 from typing import Any, TypeVar, cast
 
 from app.store.buckets import BUCKETS, bucket_of
-from app.store.handle import PlacementCache
+from app.store.handle import PlacementCache, StoreObject
+from app.store.on_shard import send_notices
+from app.store.types import NOTIFY_CHANNEL
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -145,6 +147,23 @@ async def placement_of(db: Any, cache: PlacementCache) -> Placement:
         cache.placement = await read_placement(db)
     placement: Placement = cache.placement
     return placement
+
+
+async def shard_buckets(store: StoreObject, execution_id: str) -> list[int] | None:
+    """The `buckets` of an `OnShard` statement on one execution's rows: its
+    bucket on Citus, None on one Postgres."""
+    placement = await placement_of(store.db, store.config.placement)
+    return [bucket_of(execution_id)] if placement.distributed else None
+
+
+async def tell_claimers(db: Any, buckets: list[int] | None) -> None:
+    """After an `OnShard` statement on `buckets` that made work due now,
+    NOTIFY the claimers on `db` (a connection to the coordinator, where they
+    listen). On Citus (`buckets` given) the statement's own NOTIFY ran on the
+    worker node holding its rows, where no one listens; on one Postgres
+    (`buckets` None) it was enough."""
+    if buckets is not None:
+        await send_notices(db, [(NOTIFY_CHANNEL, "")])
 
 
 @dataclass

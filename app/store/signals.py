@@ -11,6 +11,8 @@ import asyncpg
 from app.schema import TERMINAL_STATUSES as TERMINAL
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.handle import StoreObject
+from app.store.on_shard import NEXT_EVENT_ID, NEXT_SIGNAL_ID, OnShard
+from app.store.placement import shard_buckets, tell_claimers
 from app.store.types import (
     NOTIFY_CHANNEL,
     TERMINAL_SQL,
@@ -43,6 +45,99 @@ def signal_function_name(name: str, with_sender: bool) -> str:
     return f"signal-with-sender:{name}" if with_sender else f"signal:{name}"
 
 
+# Under the target's row lock (taken by the caller's statement before, in its
+# transaction): the signal with its sender, its event and the wake, in one
+# statement, unless $7 unconsumed signals are already stored (then nothing).
+_STORE_SIGNAL = OnShard("store_signal", f"""
+WITH pending AS (
+    SELECT count(*) AS n FROM signals
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND consumed_step IS NULL
+), sig AS (
+    INSERT INTO signals (signal_id, execution_id, bucket, name, payload, sender_token_id,
+                         sender_name, sender_role)
+    SELECT {NEXT_SIGNAL_ID}, $1, fencepost_bucket($1), $2, coalesce($3, 'null'::jsonb),
+           $4, $5, $6
+    FROM pending
+    WHERE $7::bigint IS NULL OR pending.n < $7
+    RETURNING signal_id
+), wake AS (
+    UPDATE executions AS e SET due_at = least(e.due_at, now()), updated_at = now()
+    FROM sig
+    WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'signal_received',
+           jsonb_build_object('name', $2::text, 'signalId', signal_id,
+                              'sender', CASE WHEN $5::text IS NULL THEN NULL ELSE
+                                  jsonb_build_object('tokenId', $4::text,
+                                                     'name', $5::text,
+                                                     'role', $6::text) END)
+    FROM sig
+)
+-- On Citus this NOTIFY reaches no one (it runs on a worker node):
+-- the caller sends its own (tell_claimers).
+SELECT (SELECT signal_id FROM sig) AS signal_id, (SELECT n FROM pending) AS pending,
+       (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM sig) IS NULL AS notified
+""", ("text", "text", "jsonb", "text", "text", "text", "bigint"),
+    (("signal_id", "bigint"), ("pending", "bigint"), ("notified", "boolean")))
+
+# The oldest pending signal $4 taken into step $3, fenced: the signal marked
+# consumed and the step recorded in one statement, or neither.
+_CONSUME_SIGNAL = OnShard("consume_signal", f"""
+WITH fence AS (
+    SELECT execution_id, {INTERRUPT_SQL} FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    FOR SHARE
+), recorded AS (
+    SELECT step_key FROM execution_steps
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
+), pending AS (
+    SELECT s.signal_id, s.payload, s.sender_token_id, s.sender_name, s.sender_role
+    FROM signals s JOIN fence ON true
+    WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
+      AND s.name = $4 AND s.consumed_step IS NULL
+      AND NOT EXISTS (SELECT 1 FROM recorded)
+    ORDER BY s.signal_id
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), taken AS (
+    UPDATE signals AS sg SET consumed_step = $3, consumed_token = $2, consumed_at = now()
+    FROM pending
+    WHERE sg.signal_id = pending.signal_id AND sg.bucket = fencepost_bucket($1)
+    RETURNING sg.signal_id, sg.payload, pending.sender_token_id,
+              pending.sender_name, pending.sender_role
+), ins AS (
+    INSERT INTO execution_steps
+        (execution_id, bucket, step_key, status, value, function_name, token, position)
+    SELECT $1, fencepost_bucket($1), $3, 'completed',
+           CASE WHEN $5 THEN jsonb_build_object(
+               'payload', payload,
+               'sender', CASE WHEN sender_name IS NULL THEN 'null'::jsonb ELSE
+                   jsonb_build_object('tokenId', sender_token_id,
+                                      'name', sender_name,
+                                      'role', sender_role) END)
+           ELSE payload END,
+           $6, $2, $7 FROM taken
+    RETURNING step_key, status, value, error, function_name, attempts, token, recorded_at
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'signal_consumed', $2,
+           jsonb_build_object('name', $4::text, 'stepKey', $3::text,
+                              'signalId', signal_id)
+    FROM taken
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt,
+       (SELECT count(*) FROM recorded) AS already, ins.*
+FROM (SELECT 1) AS one LEFT JOIN ins ON true
+""", ("text", "bigint", "text", "text", "boolean", "text", "integer"),
+    (("fenced", "bigint"), ("interrupt", "text"), ("already", "bigint"),
+     ("step_key", "text"), ("status", "text"), ("value", "jsonb"), ("error", "jsonb"),
+     ("function_name", "text"), ("attempts", "integer"), ("token", "bigint"),
+     ("recorded_at", "timestamptz")))
+
+
 class Signals(StoreObject):
     async def send_signal(
         self, execution_id: str, name: str, payload: Any, *,
@@ -58,12 +153,17 @@ class Signals(StoreObject):
         ("forbidden", workflow_id) or ("too_many", pending count)."""
         denied = list(denied_workflows)
 
+        # Read before the transaction: reading where the buckets are may take
+        # a second pooled connection, which a transaction holding one must
+        # never wait for (many senders at once would hold the whole pool).
+        buckets = await shard_buckets(self, execution_id)
+
         async def send(conn: asyncpg.Connection) -> asyncpg.Record | None:
             target = await self._lock_signal_target(conn, execution_id, owner, denied)
             if target is None:
                 return None
-            return await self._store_signal(conn, execution_id, name, payload, sender,
-                                            max_pending)
+            return await self._store_signal(conn, buckets, execution_id, name, payload,
+                                            sender, max_pending)
 
         try:
             row = await self.db.run_in_transaction(send)
@@ -99,7 +199,8 @@ class Signals(StoreObject):
             denied,
         )
 
-    async def _store_signal(self, conn: asyncpg.Connection, execution_id: str, name: str,
+    async def _store_signal(self, conn: asyncpg.Connection, buckets: list[int] | None,
+                            execution_id: str, name: str,
                             payload: Any, sender: SignalSender | None,
                             max_pending: int | None) -> asyncpg.Record | None:
         """Under the target's row lock: store the signal with its sender, its
@@ -109,45 +210,13 @@ class Signals(StoreObject):
         every signal earlier senders committed: the bound is exact. signal_id
         is drawn under the lock, so signal_id order is the order senders got
         the row."""
-        return await conn.fetchrow(
-            f"""
-            WITH pending AS (
-                SELECT count(*) AS n FROM signals
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND consumed_step IS NULL
-            ), sig AS (
-                INSERT INTO signals (execution_id, bucket, name, payload, sender_token_id,
-                                     sender_name, sender_role)
-                SELECT $1, fencepost_bucket($1), $2, coalesce($3, 'null'::jsonb), $4, $5, $6
-                FROM pending
-                WHERE $7::bigint IS NULL OR pending.n < $7
-                RETURNING signal_id
-            ), wake AS (
-                UPDATE executions SET due_at = least(due_at, now()), updated_at = now()
-                FROM sig
-                WHERE executions.execution_id = $1
-                  AND executions.bucket = fencepost_bucket($1)
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, detail)
-                SELECT $1, fencepost_bucket($1), 'signal_received',
-                       jsonb_build_object('name', $2::text, 'signalId', signal_id,
-                                          'sender', CASE WHEN $5::text IS NULL THEN NULL ELSE
-                                              jsonb_build_object('tokenId', $4::text,
-                                                                 'name', $5::text,
-                                                                 'role', $6::text) END)
-                FROM sig
-            )
-            SELECT (SELECT signal_id FROM sig) AS signal_id, (SELECT n FROM pending) AS pending,
-                   (SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM sig) AS notified
-            """,
-            execution_id,
-            name,
-            payload,
-            sender.token_id if sender else None,
-            sender.name if sender else None,
-            sender.role if sender else None,
-            max_pending,
-        )
+        rows = await _STORE_SIGNAL.fetch(
+            conn, buckets, execution_id, name, payload,
+            sender.token_id if sender else None, sender.name if sender else None,
+            sender.role if sender else None, max_pending)
+        if rows and rows[0]["signal_id"] is not None:
+            await tell_claimers(conn, buckets)
+        return rows[0] if rows else None
 
     async def _why_no_signal(self, execution_id: str, owner: str | None,
                              denied: list[str]) -> tuple[SignalAnswer, str | None]:
@@ -178,67 +247,11 @@ class Signals(StoreObject):
         the workflow was handed is what is recorded, so replays agree. Returns
         the step (already recorded: the recorded one), or None when no such
         signal is pending."""
-        row = await self.db.fetchrow(
-            f"""
-            WITH fence AS (
-                SELECT execution_id, {INTERRUPT_SQL} FROM executions
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND token = $2 AND status = 'running'
-                FOR SHARE
-            ), recorded AS (
-                SELECT step_key FROM execution_steps
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
-            ), pending AS (
-                SELECT s.signal_id, s.payload, s.sender_token_id, s.sender_name, s.sender_role
-                FROM signals s, fence
-                WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
-                  AND s.name = $4 AND s.consumed_step IS NULL
-                  AND NOT EXISTS (SELECT 1 FROM recorded)
-                ORDER BY s.signal_id
-                LIMIT 1
-                FOR UPDATE OF s SKIP LOCKED
-            ), taken AS (
-                UPDATE signals SET consumed_step = $3, consumed_token = $2, consumed_at = now()
-                FROM pending
-                WHERE signals.signal_id = pending.signal_id
-                  AND signals.bucket = fencepost_bucket($1)
-                RETURNING signals.signal_id, signals.payload, pending.sender_token_id,
-                          pending.sender_name, pending.sender_role
-            ), ins AS (
-                INSERT INTO execution_steps
-                    (execution_id, bucket, step_key, status, value, function_name, token,
-                     position)
-                SELECT $1, fencepost_bucket($1), $3, 'completed',
-                       CASE WHEN $5 THEN jsonb_build_object(
-                           'payload', payload,
-                           'sender', CASE WHEN sender_name IS NULL THEN 'null'::jsonb ELSE
-                               jsonb_build_object('tokenId', sender_token_id,
-                                                  'name', sender_name,
-                                                  'role', sender_role) END)
-                       ELSE payload END,
-                       $6, $2, $7 FROM taken
-                RETURNING step_key, status, value, error, function_name, attempts, token,
-                          recorded_at
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT $1, fencepost_bucket($1), 'signal_consumed', $2,
-                       jsonb_build_object('name', $4::text, 'stepKey', $3::text,
-                                          'signalId', signal_id)
-                FROM taken
-            )
-            SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT interrupt FROM fence) AS interrupt,
-                   (SELECT count(*) FROM recorded) AS already, ins.*
-            FROM (SELECT 1) AS one LEFT JOIN ins ON true
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-            name,
-            with_sender,
-            signal_function_name(name, with_sender),
-            position,
-        )
-        assert row is not None  # the statement always returns its row
+        rows = await _CONSUME_SIGNAL.fetch(
+            self.db, await shard_buckets(self, lease.execution_id), lease.execution_id,
+            lease.token, step_key, name, with_sender, signal_function_name(name, with_sender),
+            position)
+        row = rows[0]
         if not row["fenced"]:
             raise await rejected(self, lease, step_key)
         if row["step_key"] is not None:

@@ -11,6 +11,7 @@ The top-level tests/conftest.py gives every test a fresh migrated database
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -40,8 +41,11 @@ async def extra_pools(settings: Settings) -> AsyncIterator[list[asyncpg.Pool]]:
         yield pools
     finally:
         for p in pools:
+            # close() waits for every connection to be released: a test that
+            # failed (or timed out) mid-race can leave one held by a task no
+            # one awaits, and the teardown would wait for ever.
             try:
-                await p.close()
+                await asyncio.wait_for(p.close(), 10)
             except Exception:
                 p.terminate()
 
