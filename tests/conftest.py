@@ -73,6 +73,7 @@ from app.embedded import EmbeddedPostgres
 from app.migrate import upgrade
 from app.settings import Settings
 from app.store import ExecutionStore
+from tests.support.pools import close_pool
 
 _CREATE_TIMES_MS: list[float] = []
 # Citus: the CREATE DATABASE strategy each template is cloned with, and what choosing
@@ -648,8 +649,7 @@ async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
     try:
         yield p
     finally:
-        with contextlib.suppress(Exception):
-            await p.close()
+        await close_pool(p)
 
 
 @pytest.fixture

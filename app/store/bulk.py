@@ -17,6 +17,7 @@ import asyncpg
 
 from app.store.handle import ConnectionHandle, StoreObject
 from app.store.operator import Operator, cancel_tree
+from app.store.placement import placement_of
 from app.store.records import OperationRecord, record
 from app.store.redrive import Redrives
 
@@ -196,7 +197,8 @@ class Operations(StoreObject):
         # The batch's transaction: the single-execution statements join it.
         here = ConnectionHandle(conn)
         if action == "cancel":
-            if await cancel_tree(conn, eid, by, False) is not None:
+            if await cancel_tree(conn, await placement_of(conn, self.config.placement), eid, by,
+                                False) is not None:
                 return None, None
             status = await conn.fetchval(
                 "SELECT status FROM executions "

@@ -7,12 +7,124 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from app.metrics import METRICS
-from app.store.compose import ENDED_NOTICE, WAKE_PARENTS
+from app.store.buckets import bucket_of
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.handle import StoreObject
-from app.store.policy import CANCELLED_OUTCOME, TIMED_OUT_OUTCOME
-from app.store.types import NOTIFY_CHANNEL, Lease
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.placement import placement_of, shard_buckets
+from app.store.policy import (
+    CANCELLED_OUTCOME,
+    ENDED_COLUMNS,
+    TIMED_OUT_OUTCOME,
+    WATCHED,
+    after_ends,
+)
+from app.store.types import Lease, LeaseLost
+
+# The attempt of step $3 persisted before the call, fenced: the token is
+# checked on the row this statement holds FOR SHARE (no claim lands between
+# the check and the insert), all on the execution's shard.
+_BEGIN = OnShard("begin_effect", f"""
+WITH fence AS (
+    SELECT execution_id, {INTERRUPT_SQL} FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    FOR SHARE
+), ins AS (
+    INSERT INTO effects (execution_id, bucket, step_key, idempotency_key,
+                         function_name, status, token)
+    SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $5, 'started', $2
+    FROM fence
+    ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
+    RETURNING idempotency_key, status, token, attempts
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'effect_started', $2,
+           jsonb_build_object('stepKey', $3::text, 'idempotencyKey', $4::text)
+    FROM ins
+)
+SELECT (SELECT count(*) FROM fence) AS fenced,
+       (SELECT interrupt FROM fence) AS interrupt, ins.*
+FROM (SELECT 1) AS one LEFT JOIN ins ON true
+""", ("text", "bigint", "text", "text", "text"),
+    (("fenced", "bigint"), ("interrupt", "text"), ("idempotency_key", "text"),
+     ("status", "text"), ("token", "bigint"), ("attempts", "integer")))
+
+# One more attempt of step $3, fenced as above.
+_RETRY = OnShard("retry_effect", f"""
+WITH fence AS (
+    SELECT execution_id FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    FOR SHARE
+), upd AS (
+    UPDATE effects AS f SET status = 'started', token = $2, attempts = f.attempts + 1,
+                            updated_at = now()
+    WHERE f.execution_id = (SELECT execution_id FROM fence)
+      AND f.bucket = fencepost_bucket($1) AND f.step_key = $3
+    RETURNING f.attempts
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'effect_attempted', $2,
+           jsonb_build_object('stepKey', $3::text, 'attempt', attempts)
+    FROM upd
+)
+SELECT (SELECT count(*) FROM fence) AS fenced
+""", ("text", "bigint", "text"), (("fenced", "bigint"),))
+
+# The delivery ended by parking the execution for $4 (step $3, detail $5),
+# fenced like an acknowledgement: the token and status are checked on the
+# row this UPDATE locks. A pending cancel or a passed deadline ends it
+# instead. No row: the fence refused it. The parent's wake and the notices
+# follow in the caller's transaction (policy.after_ends).
+_PARK = OnShard("park", f"""
+WITH p AS (
+    UPDATE executions e
+    SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN e.deadline <= now() THEN 'timed_out'
+                      ELSE 'parked' END,
+        outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
+                       WHEN e.deadline <= now() THEN {TIMED_OUT_OUTCOME} END,
+        parked_reason = CASE WHEN e.cancel_requested_at IS NULL
+                              AND NOT coalesce(e.deadline <= now(), false)
+                             THEN $4 END,
+        parked_step = CASE WHEN e.cancel_requested_at IS NULL
+                            AND NOT coalesce(e.deadline <= now(), false)
+                           THEN $3 END,
+        parked_detail = CASE WHEN e.cancel_requested_at IS NULL
+                              AND NOT coalesce(e.deadline <= now(), false)
+                             THEN $5::jsonb END,
+        due_at = CASE WHEN e.cancel_requested_at IS NULL
+                       AND NOT coalesce(e.deadline <= now(), false)
+                      THEN least(e.due_at, e.covered_due_at) END,
+        covered_due_at = NULL,
+        lease_owner = NULL, lease_expires_at = NULL,
+        unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
+        redeliver_after = NULL, updated_at = now()
+    WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+      AND e.token = $2 AND e.status = 'running'
+    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+), eff AS (
+    UPDATE effects AS f SET status = 'outcome_unknown', updated_at = now()
+    WHERE f.execution_id = (SELECT execution_id FROM p)
+      AND f.bucket = fencepost_bucket($1) AND f.step_key = $3
+      AND $4 = 'outcome_unknown'
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token,
+           CASE WHEN status = 'parked'
+                THEN jsonb_build_object('reason', $4::text, 'stepKey', $3::text)
+                     || CASE WHEN $5::jsonb IS NOT NULL
+                             THEN jsonb_build_object('divergence', $5::jsonb)
+                             ELSE '{{}}'::jsonb END END
+    FROM p
+)
+SELECT execution_id, status, parent_execution_id, {WATCHED.format(ended="p")}
+FROM p
+""", ("text", "bigint", "text", "text", "jsonb"), ENDED_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -32,38 +144,9 @@ class Effects(StoreObject):
     ) -> EffectAttempt:
         """Persist the attempt before the call (fenced: a stale holder cannot
         start one), or return the attempt an earlier delivery left behind."""
-        row = await self.db.fetchrow(
-            f"""
-            WITH fence AS (
-                -- FOR SHARE: no claim can land between the token check and the insert.
-                SELECT execution_id, {INTERRUPT_SQL} FROM executions
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND token = $2 AND status = 'running'
-                FOR SHARE
-            ), ins AS (
-                INSERT INTO effects (execution_id, bucket, step_key, idempotency_key,
-                                     function_name, status, token)
-                SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $5, 'started', $2
-                FROM fence
-                ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
-                RETURNING idempotency_key, status, token, attempts
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT $1, fencepost_bucket($1), 'effect_started', $2,
-                       jsonb_build_object('stepKey', $3::text, 'idempotencyKey', $4::text)
-                FROM ins
-            )
-            SELECT (SELECT count(*) FROM fence) AS fenced,
-                   (SELECT interrupt FROM fence) AS interrupt, ins.*
-            FROM (SELECT 1) AS one LEFT JOIN ins ON true
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-            idempotency_key,
-            function_name,
-        )
-        assert row is not None  # the statement always returns its row
+        [row] = await _BEGIN.fetch(self.db, await shard_buckets(self, lease.execution_id),
+                                   lease.execution_id, lease.token, step_key, idempotency_key,
+                                   function_name)
         if not row["fenced"]:
             raise await rejected(self, lease, step_key)
         if row["status"] is not None:
@@ -82,32 +165,8 @@ class Effects(StoreObject):
     async def retry_effect(self, lease: Lease, step_key: str) -> None:
         """Record one more attempt of a begun effect (idempotent call again,
         reconciled as not found, or retried on an operator's word), fenced."""
-        row = await self.db.fetchrow(
-            """
-            WITH fence AS (
-                SELECT execution_id FROM executions
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND token = $2 AND status = 'running'
-                FOR SHARE
-            ), upd AS (
-                UPDATE effects SET status = 'started', token = $2, attempts = attempts + 1,
-                                   updated_at = now()
-                WHERE execution_id = (SELECT execution_id FROM fence)
-                  AND bucket = fencepost_bucket($1) AND step_key = $3
-                RETURNING attempts
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT $1, fencepost_bucket($1), 'effect_attempted', $2,
-                       jsonb_build_object('stepKey', $3::text, 'attempt', attempts)
-                FROM upd
-            )
-            SELECT (SELECT count(*) FROM fence) AS fenced
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-        )
-        assert row is not None  # the statement always returns its row
+        [row] = await _RETRY.fetch(self.db, await shard_buckets(self, lease.execution_id),
+                                   lease.execution_id, lease.token, step_key)
         if not row["fenced"]:
             raise await rejected(self, lease, step_key)
 
@@ -126,61 +185,24 @@ class Effects(StoreObject):
         like an acknowledgement (it is one: the counter resets). A pending
         cancel request or a passed deadline ends it instead, as an
         acknowledgement would. Returns the status written."""
-        row = await self.db.fetchrow(
-            f"""
-            WITH p AS (
-                UPDATE executions e
-                SET status = CASE WHEN e.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                                  WHEN e.deadline <= now() THEN 'timed_out'
-                                  ELSE 'parked' END,
-                    outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
-                                   WHEN e.deadline <= now() THEN {TIMED_OUT_OUTCOME} END,
-                    parked_reason = CASE WHEN e.cancel_requested_at IS NULL
-                                          AND NOT coalesce(e.deadline <= now(), false)
-                                         THEN $4 END,
-                    parked_step = CASE WHEN e.cancel_requested_at IS NULL
-                                        AND NOT coalesce(e.deadline <= now(), false)
-                                       THEN $3 END,
-                    parked_detail = CASE WHEN e.cancel_requested_at IS NULL
-                                          AND NOT coalesce(e.deadline <= now(), false)
-                                         THEN $5::jsonb END,
-                    due_at = CASE WHEN e.cancel_requested_at IS NULL
-                                   AND NOT coalesce(e.deadline <= now(), false)
-                                  THEN least(e.due_at, e.covered_due_at) END,
-                    covered_due_at = NULL,
-                    lease_owner = NULL, lease_expires_at = NULL,
-                    unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
-                    redeliver_after = NULL, updated_at = now()
-                WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
-                  AND e.token = $2 AND e.status = 'running'
-                RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
-            ), eff AS (
-                UPDATE effects SET status = 'outcome_unknown', updated_at = now()
-                WHERE execution_id = (SELECT execution_id FROM p)
-                  AND bucket = fencepost_bucket($1) AND step_key = $3
-                  AND $4 = 'outcome_unknown'
-            ), {WAKE_PARENTS.format(ended="p")}, ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT execution_id, fencepost_bucket(execution_id), status, token,
-                       CASE WHEN status = 'parked'
-                            THEN jsonb_build_object('reason', $4::text, 'stepKey', $3::text)
-                                 || CASE WHEN $5::jsonb IS NOT NULL
-                                         THEN jsonb_build_object('divergence', $5::jsonb)
-                                         ELSE '{{}}'::jsonb END END
-                FROM p
-            )
-            SELECT status, {ENDED_NOTICE.format(ended="p")},
-                   (SELECT count(pg_notify('{NOTIFY_CHANNEL}', '')) FROM parent_wake) AS woke
-            FROM p
-            """,
-            lease.execution_id,
-            lease.token,
-            step_key,
-            reason,
-            detail,
-        )
-        if row is None:
-            raise await rejected(self, lease, step_key)
+        placement = await placement_of(self.db, self.config.placement)
+        buckets = [bucket_of(lease.execution_id)] if placement.distributed else None
+
+        async def end(conn: asyncpg.Connection) -> asyncpg.Record:
+            rows = await _PARK.fetch(conn, buckets, lease.execution_id, lease.token, step_key,
+                                     reason, detail)
+            if not rows:
+                raise LeaseLost(lease.execution_id, lease.token)
+            # A parent waiting for this execution's end (a cancel or deadline
+            # ended it) is woken in the same transaction, on its own shard.
+            await after_ends(conn, placement, rows)
+            return rows[0]
+
+        try:
+            row = await self.db.run_in_transaction(end)
+        except LeaseLost:
+            # Recorded after the rollback of the refused park.
+            raise await rejected(self, lease, step_key) from None
         status: str = row["status"]
         METRICS.ended([status], park_reason=reason)
         return status

@@ -56,7 +56,7 @@ _END = settled_end("e.redeliver_after", "e.unacknowledged_deliveries", "$2")
 # What the statements that end unheld executions answer (settle, sweep): per
 # ended row its new status, its parent and whether a long-poll waits for it
 # (watched_executions), for after_ends.
-_ENDED_COLUMNS = (("execution_id", "text"), ("status", "text"),
+ENDED_COLUMNS = (("execution_id", "text"), ("status", "text"),
                   ("parent_execution_id", "text"), ("watched", "boolean"))
 # Whether a long-poll waits for a row of {ended} (watched_executions).
 WATCHED = """EXISTS (SELECT 1 FROM watched_executions w
@@ -108,7 +108,7 @@ WITH target AS (
 )
 SELECT execution_id, status, parent_execution_id, {_WATCHED}
 FROM s
-""", ("text[]", "integer"), _ENDED_COLUMNS)
+""", ("text[]", "integer"), ENDED_COLUMNS)
 
 # Unheld, interrupted (cancel requested or deadline passed), and no cleanup
 # delivery may run any more: it never ran (nothing to clean up), it is parked,
@@ -146,7 +146,7 @@ WITH target AS (
 )
 SELECT execution_id, status, parent_execution_id, {_WATCHED}
 FROM s
-""", ("bigint",), _ENDED_COLUMNS)
+""", ("bigint",), ENDED_COLUMNS)
 
 
 # Parents whose children ended ($1): due now, unless ended themselves. Run

@@ -175,13 +175,9 @@ class ActivityMinute(TypedDict):
 class TreeCancelled(TypedDict):
     """A cancel (or terminate) that reached an unfinished execution: its
     status after the request ('cancelled', or unchanged while its cleanup
-    may run), how many of it and its descendants were cancelled at once, and
-    the notifications sent (ends announced, parents woken, executions due)."""
+    may run) and how many of it and its descendants were cancelled at once."""
 
     status: str
-    ended_notices: int
-    woke: int
-    due: int
     cancelled_now: int
 
 

@@ -11,7 +11,6 @@ The top-level tests/conftest.py gives every test a fresh migrated database
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -21,6 +20,7 @@ import pytest_asyncio
 from app.db import create_pool
 from app.settings import Settings
 from tests.support.clocks import Clock
+from tests.support.pools import close_pool
 
 # --------------------------------------------------------------------------- #
 # fixtures
@@ -41,13 +41,7 @@ async def extra_pools(settings: Settings) -> AsyncIterator[list[asyncpg.Pool]]:
         yield pools
     finally:
         for p in pools:
-            # close() waits for every connection to be released: a test that
-            # failed (or timed out) mid-race can leave one held by a task no
-            # one awaits, and the teardown would wait for ever.
-            try:
-                await asyncio.wait_for(p.close(), 10)
-            except Exception:
-                p.terminate()
+            await close_pool(p)
 
 
 @pytest.fixture

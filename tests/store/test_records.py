@@ -15,6 +15,7 @@ from typing import Any
 
 from app.store import ExecutionStore
 from app.store.operator import cancel_tree
+from app.store.placement import placement_of
 from app.store.records import (
     ActivityMinute,
     AttemptRecord,
@@ -131,7 +132,8 @@ async def test_a_cancelled_tree_and_a_bulk_operation_return_their_records(
         store: ExecutionStore) -> None:
     waiting = await admit(store, "rec-wait")
     async with store.pool.connection() as conn, conn.transaction():
-        shaped(await cancel_tree(conn, waiting, "test", False), TreeCancelled)
+        placement = await placement_of(conn, store.config.placement)
+        shaped(await cancel_tree(conn, placement, waiting, "test", False), TreeCancelled)
 
     # An operation over an execution that has ended: its one item fails.
     created = await store.operations.create_operation(
