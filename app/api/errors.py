@@ -2,8 +2,9 @@
 
 Every error a caller can cause has a stable code and a sentence saying what
 to do. A database failure (app/dberrors.py: by SQLSTATE class) is 503
-`DATABASE_UNAVAILABLE` with `Retry-After`; nothing a request does produces a
-500.
+`DATABASE_UNAVAILABLE` with `Retry-After`; a statement the database refuses
+as not supported is 501 `NOT_SUPPORTED_BY_DATABASE`; nothing a request does
+produces a 500.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.json_body import BodyError, error_body
 from app.commands.errors import CommandError, execution_not_found
-from app.dberrors import INFRASTRUCTURE_ERRORS, is_infrastructure, is_retryable_conflict
+from app.dberrors import (
+    INFRASTRUCTURE_ERRORS,
+    is_infrastructure,
+    is_retryable_conflict,
+    sqlstate_of,
+)
 
 log = logging.getLogger("fencepost.api")
 
@@ -127,7 +133,22 @@ def database_unavailable(exc: BaseException) -> JSONResponse:
     )
 
 
+# A statement the database refuses as not supported (SQLSTATE 0A000): on a
+# Citus cluster, an operation not yet written to reach one shard
+# (docs/citus.md lists them). Not the caller's fault and nothing was
+# changed (the statement was refused whole): 501 with a stable code, the
+# trace logged as for any bug.
+FEATURE_NOT_SUPPORTED = "0A000"
+
+
 async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    if sqlstate_of(exc) == FEATURE_NOT_SUPPORTED:
+        log.error("the database refused an operation as not supported", exc_info=exc)
+        return error_response(
+            501, "NOT_SUPPORTED_BY_DATABASE",
+            f"the database refused this operation as not supported ({exc}); nothing was "
+            "changed. On a Citus cluster, docs/citus.md lists what is not supported yet: "
+            "do it on a single-node fencepost, or wait for a release that supports it")
     if not is_infrastructure(exc):
         # Not the database failing but a statement the code got wrong: re-raised,
         # the server answers 500 and logs the trace, so the bug stays visible.
