@@ -76,6 +76,7 @@ _SAME_SHARD = """    IF current_setting('fencepost.on_' || statement_name, true)
 NEXT_EVENT_ID = "nextval('public.execution_events_event_id_seq'::regclass)"
 NEXT_ATTEMPT_ID = "nextval('public.attempt_history_attempt_id_seq'::regclass)"
 NEXT_SIGNAL_ID = "nextval('public.signals_signal_id_seq'::regclass)"
+NEXT_OBSERVATION_ID = "nextval('public.late_observations_observation_id_seq'::regclass)"
 
 REGISTRY: dict[str, OnShard] = {}
 

@@ -18,8 +18,8 @@ from app.store.buckets import bucket_of
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import NEXT_EVENT_ID, OnShard
-from app.store.placement import SINGLE_NODE, Placement, placement_of
+from app.store.on_shard import NEXT_EVENT_ID, NEXT_OBSERVATION_ID, OnShard
+from app.store.placement import SINGLE_NODE, Placement, placement_of, shard_buckets
 from app.store.retry import RetryingPool
 from app.store.types import (
     InvalidEvent,
@@ -33,7 +33,7 @@ from app.store.types import (
 # the counter or the history. Nothing here writes a step or an outcome.
 # $1 execution, $2 step key (NULL: an acknowledgement), $3 token, $4 owner,
 # $5 value, $6 error, $7 whether a result was observed at all.
-_LATE_OBSERVATION = """
+_LATE_OBSERVATION = OnShard("late_observation", f"""
 WITH cmp AS (
     SELECT CASE
         WHEN NOT $7::boolean THEN NULL
@@ -63,21 +63,22 @@ WITH cmp AS (
     END AS conflict
 ), obs AS (
     INSERT INTO late_observations
-        (execution_id, bucket, step_key, token, owner, value, error, conflict)
-    SELECT $1, fencepost_bucket($1), $2, $3, $4, $5, $6, conflict FROM cmp
+        (observation_id, execution_id, bucket, step_key, token, owner, value, error, conflict)
+    SELECT {NEXT_OBSERVATION_ID}, $1, fencepost_bucket($1), $2, $3, $4, $5, $6, conflict
+    FROM cmp
     RETURNING observation_id, conflict
 ), counted AS (
-    UPDATE executions SET integrity_conflicts = integrity_conflicts + 1
-    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND (SELECT conflict FROM obs)
+    UPDATE executions AS x SET integrity_conflicts = x.integrity_conflicts + 1
+    WHERE x.execution_id = $1 AND x.bucket = fencepost_bucket($1) AND (SELECT conflict FROM obs)
     RETURNING 1
 ), ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-    SELECT $1, fencepost_bucket($1), 'integrity_conflict', $3,
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'integrity_conflict', $3,
            jsonb_build_object('stepKey', $2::text, 'observationId', observation_id)
     FROM obs WHERE conflict
 )
 SELECT conflict FROM obs
-"""
+""", ("text", "text", "bigint", "text", "jsonb", "jsonb", "boolean"), (("conflict", "boolean"),))
 
 
 # Failed attempts kept per step (and Retry reasons per execution).
@@ -248,8 +249,9 @@ WITH input AS (
     ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
     RETURNING execution_id, step_key, value, token
 ), ev AS (
-    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-    SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'step_recorded', ins.token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {next_event_id}, ins.execution_id, fencepost_bucket(ins.execution_id),
+           'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', 'completed',
                               'wakeAt', ins.value)
     FROM ins JOIN first USING (execution_id, step_key)
@@ -286,7 +288,12 @@ _WRITE_STEPS_BY_SKIP = {
                   ("text[]", "bigint[]", "text[]", "text[]", "text[]", "text[]", "text[]",
                    "integer[]", "integer[]"), _STEP_ANSWER)
     for skip, sql in _statements(_WRITE_STEPS).items()}
-_RECORD_TIMERS_BY_SKIP = _statements(_RECORD_TIMERS)
+_RECORD_TIMERS_BY_SKIP = {
+    skip: OnShard(f"record_timers{'_skip_locked' if skip else ''}", sql,
+                  ("text[]", "bigint[]", "text[]", "float8[]", "timestamptz[]", "integer[]"),
+                  (("fenced", "boolean"), ("interrupt", "text"), ("value", "jsonb"),
+                   ("db_now", "timestamptz"), ("skipped", "boolean")))
+    for skip, sql in _statements(_RECORD_TIMERS).items()}
 
 # Steps already recorded, by (execution, key): a statement of its own, after
 # the write's, so a step recorded concurrently after the write's snapshot is
@@ -363,11 +370,21 @@ async def _write_steps(db: Handle, writes: Sequence[StepWrite], skip_locked: boo
 
 
 async def record_timers(db: Handle, timers: Sequence[TimerWrite], *,
-                        skip_locked: bool = False) -> list[TimerWritten]:
+                        skip_locked: bool = False,
+                        placement: Placement = SINGLE_NODE) -> list[TimerWritten]:
     """Record `timers` in one statement (_RECORD_TIMERS); one answer per
-    timer. `skip_locked` as for write_steps."""
-    rows = await db.fetch(
-        _RECORD_TIMERS_BY_SKIP[skip_locked],
+    timer. `skip_locked` as for write_steps; on Citus, as write_steps, one
+    statement per shard the timers are in, each on its shard."""
+    return await placement.per_shard(
+        timers, lambda t: t.lease.execution_id,
+        lambda part, buckets: _record_timers(db, part, skip_locked, buckets),
+        at_once=isinstance(db, RetryingPool))
+
+
+async def _record_timers(db: Handle, timers: Sequence[TimerWrite], skip_locked: bool,
+                         buckets: list[int] | None) -> list[TimerWritten]:
+    rows = await _RECORD_TIMERS_BY_SKIP[skip_locked].fetch(
+        db, buckets,
         [t.lease.execution_id for t in timers],
         [t.lease.token for t in timers],
         [t.step_key for t in timers],
@@ -509,6 +526,11 @@ class Steps(StoreObject):
         return await write_steps(self.db, writes, skip_locked=skip_locked,
                                  placement=await placement_of(self.db, self.config.placement))
 
+    async def _record_timers(self, timers: Sequence[TimerWrite], *,
+                             skip_locked: bool = False) -> list[TimerWritten]:
+        return await record_timers(self.db, timers, skip_locked=skip_locked,
+                                   placement=await placement_of(self.db, self.config.placement))
+
     async def flush_step_writes(
             self, submitted: list[Submitted[StepWrite, StepWritten]],
     ) -> list[StepWritten | Later[StepWritten] | BaseException]:
@@ -522,8 +544,8 @@ class Steps(StoreObject):
     ) -> list[TimerWritten | Later[TimerWritten] | BaseException]:
         """One batch of timers (the group commit's flush)."""
         answers = await batch_or_each_alone(
-            partial(record_timers, self.db, skip_locked=True), [s.write for s in submitted])
-        return self.later_if_skipped(partial(record_timers, self.db), submitted, answers)
+            partial(self._record_timers, skip_locked=True), [s.write for s in submitted])
+        return self.later_if_skipped(self._record_timers, submitted, answers)
 
     def later_if_skipped(
             self, write: Callable[[Sequence[Write]], Awaitable[list[Written]]],
@@ -637,18 +659,18 @@ class Steps(StoreObject):
         """
         if observed is None:
             observed = value is not None or error is not None
+        buckets = await shard_buckets(self, lease.execution_id)
         try:
-            return cast("bool | None", await self.db.fetchval(
-                _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
-                value, error, observed,
-            ))
+            [row] = await _LATE_OBSERVATION.fetch(
+                self.db, buckets, lease.execution_id, step_key, lease.token, lease.owner,
+                value, error, observed)
+            return cast("bool | None", row["conflict"])
         except (ValueError, TypeError, asyncpg.DataError):
             # Not storable, so not comparable either: kept as evidence of that.
-            await self.db.execute(
-                _LATE_OBSERVATION, lease.execution_id, step_key, lease.token, lease.owner,
+            await _LATE_OBSERVATION.fetch(
+                self.db, buckets, lease.execution_id, step_key, lease.token, lease.owner,
                 None, {"name": "UnstorableValue", "message": "the observed value is not valid JSON"},
-                False,
-            )
+                False)
             return None
 
     async def record_timer(
@@ -667,7 +689,7 @@ class Steps(StoreObject):
         (a held execution row waited for by its own timers only)."""
         timer = TimerWrite(lease, step_key, float(delay_seconds or 0.0), until, position)
         if self.timer_writes is None:
-            [written] = await record_timers(self.db, [timer])
+            [written] = await self._record_timers([timer])
         else:
             written = await _submit(self.timer_writes, timer)
         if not written.fenced:

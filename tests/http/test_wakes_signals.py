@@ -11,6 +11,8 @@ from tests.http.conftest import Rows
 from tests.support.admission import admit_via_api
 from tests.support.responses import JSON, assert_error, get_record, post_raw
 
+pytestmark = pytest.mark.citus
+
 
 def parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -17,7 +17,7 @@ from tests.support.history import event_count, events_of
 from tests.support.responses import assert_error, get_record
 from tests.support.waiting import wait_status, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.citus]
 
 MAX = 3
 POISON = {"reason": "parked", "parkedReason": "poison", "step": None}

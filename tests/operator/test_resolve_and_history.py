@@ -146,6 +146,7 @@ async def test_steps_omit_values_unless_asked_and_show_attempts_in_doubt(
     assert doubt[1]["idempotencyKey"] == f"{eid}:charge" and doubt[1]["startedAt"], doubt
 
 
+@pytest.mark.citus  # the events' order: each drawn on the execution's node
 async def test_events_and_late_observations(
         store: ExecutionStore, pool: asyncpg.Pool, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "op-quick", "history-events")
