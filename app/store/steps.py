@@ -18,7 +18,7 @@ from app.store.buckets import bucket_of
 from app.store.fencing import INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
-from app.store.on_shard import NEXT_EVENT_ID, NEXT_OBSERVATION_ID, OnShard
+from app.store.on_shard import NEXT_ATTEMPT_ID, NEXT_EVENT_ID, NEXT_OBSERVATION_ID, OnShard
 from app.store.placement import SINGLE_NODE, Placement, placement_of, shard_buckets
 from app.store.retry import RetryingPool
 from app.store.types import (
@@ -83,6 +83,40 @@ SELECT conflict FROM obs
 
 # Failed attempts kept per step (and Retry reasons per execution).
 ATTEMPT_HISTORY = 20
+
+# A failed attempt of step $3 kept, fenced (the token checked on the row held
+# FOR SHARE), with its event; the step's history trimmed to its last $6
+# attempts, all in one statement on the execution's shard.
+_RECORD_ATTEMPT = OnShard("record_attempt", f"""
+WITH fence AS (
+    SELECT execution_id FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    FOR SHARE
+), ins AS (
+    INSERT INTO attempt_history
+        (attempt_id, execution_id, bucket, step_key, attempt, token, error)
+    SELECT {NEXT_ATTEMPT_ID}, execution_id, fencepost_bucket(execution_id), $3, $4, $2, $5
+    FROM fence
+    RETURNING attempt_id
+), trim AS (
+    DELETE FROM attempt_history AS h
+    WHERE h.execution_id = $1 AND h.bucket = fencepost_bucket($1) AND h.step_key = $3
+      AND EXISTS (SELECT 1 FROM ins)
+      AND h.attempt_id <= (
+          SELECT k.attempt_id FROM attempt_history k
+          WHERE k.execution_id = $1 AND k.bucket = fencepost_bucket($1)
+            AND k.step_key = $3
+          ORDER BY k.attempt_id DESC OFFSET $6 - 1 LIMIT 1)
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'attempt_failed', $2,
+           jsonb_build_object('stepKey', $3::text, 'attempt', $4::int, 'error', $5::jsonb)
+    FROM ins
+)
+SELECT (SELECT count(*) FROM fence) AS fenced
+""", ("text", "bigint", "text", "integer", "jsonb", "integer"), (("fenced", "bigint"),))
+
 
 
 # What Postgres cannot store exactly as given (a NaN, a lone surrogate, a
@@ -711,47 +745,11 @@ class Steps(StoreObject):
         with an `attempt_failed` event; the step's history is trimmed to its
         last ATTEMPT_HISTORY attempts in the same statement."""
         try:
-            row = await self.db.fetchrow(
-                """
-                WITH fence AS (
-                    SELECT execution_id FROM executions
-                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                      AND token = $2 AND status = 'running'
-                    FOR SHARE
-                ), ins AS (
-                    INSERT INTO attempt_history
-                        (execution_id, bucket, step_key, attempt, token, error)
-                    SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $2, $5
-                    FROM fence
-                    RETURNING attempt_id
-                ), trim AS (
-                    DELETE FROM attempt_history
-                    WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
-                      AND EXISTS (SELECT 1 FROM ins)
-                      AND attempt_id <= (
-                          SELECT attempt_id FROM attempt_history
-                          WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                            AND step_key = $3
-                          ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
-                ), ev AS (
-                    INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                    SELECT $1, fencepost_bucket($1), 'attempt_failed', $2,
-                           jsonb_build_object('stepKey', $3::text, 'attempt', $4::int,
-                                              'error', $5::jsonb)
-                    FROM ins
-                )
-                SELECT (SELECT count(*) FROM fence) AS fenced
-                """,
-                lease.execution_id,
-                lease.token,
-                step_key,
-                attempt,
-                error,
-                ATTEMPT_HISTORY,
-            )
+            [row] = await _RECORD_ATTEMPT.fetch(
+                self.db, await shard_buckets(self, lease.execution_id), lease.execution_id,
+                lease.token, step_key, attempt, error, ATTEMPT_HISTORY)
         except (ValueError, TypeError, asyncpg.DataError) as exc:
             raise InvalidEvent(f"step {step_key!r}: {exc}") from exc
-        assert row is not None  # the statement always returns its row
         if not row["fenced"]:
             raise await rejected(self, lease, step_key)
 
