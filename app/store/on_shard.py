@@ -77,6 +77,7 @@ NEXT_EVENT_ID = "nextval('public.execution_events_event_id_seq'::regclass)"
 NEXT_ATTEMPT_ID = "nextval('public.attempt_history_attempt_id_seq'::regclass)"
 NEXT_SIGNAL_ID = "nextval('public.signals_signal_id_seq'::regclass)"
 NEXT_OBSERVATION_ID = "nextval('public.late_observations_observation_id_seq'::regclass)"
+NEXT_SUPERSEDED_ID = "nextval('public.superseded_steps_superseded_id_seq'::regclass)"
 
 REGISTRY: dict[str, OnShard] = {}
 

@@ -149,10 +149,13 @@ async def placement_of(db: Any, cache: PlacementCache) -> Placement:
     return placement
 
 
-async def shard_buckets(store: StoreObject, execution_id: str) -> list[int] | None:
+async def shard_buckets(store: StoreObject, execution_id: str,
+                        db: Any = None) -> list[int] | None:
     """The `buckets` of an `OnShard` statement on one execution's rows: its
-    bucket on Citus, None on one Postgres."""
-    placement = await placement_of(store.db, store.config.placement)
+    bucket on Citus, None on one Postgres. Inside a transaction pass its
+    connection as `db`: read on the store's pool, the first call would wait
+    for a second pooled connection while holding one."""
+    placement = await placement_of(db or store.db, store.config.placement)
     return [bucket_of(execution_id)] if placement.distributed else None
 
 

@@ -17,12 +17,95 @@ from typing import Any, Literal
 import asyncpg
 
 from app.store.handle import StoreObject
+from app.store.on_shard import NEXT_EVENT_ID, NEXT_SUPERSEDED_ID, OnShard
+from app.store.placement import shard_buckets, tell_claimers
 from app.store.types import NOTIFY_CHANNEL, Conflict, InvalidEvent
 
 RedriveAnswer = Literal["redriven", "not_found", "not_ended", "completed", "step_not_found"]
 ForkAnswer = Literal["forked", "not_found", "step_not_found", "conflict"]
 
 REDRIVABLE = ("failed", "timed_out", "cancelled", "completed")
+
+
+
+# The redrive of $1 (locked FOR UPDATE by the caller, its status $7): the
+# record cut at step $2 (or at the first failure, the cancel $8 or the
+# deadline $9), the steps moved aside as superseded, the effects and signals
+# they had taken released, the execution reopened due now, and the event,
+# in one statement on the execution's shard.
+_REDRIVE = OnShard("redrive", f"""
+
+WITH cut AS (
+    -- Where the record is cut: least() skips what does not apply.
+    SELECT least(
+        (SELECT recorded_at FROM execution_steps
+         WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+           AND step_key = $2),
+        CASE WHEN $7 <> 'completed' THEN least(
+            (SELECT min(recorded_at) FROM execution_steps
+             WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+               AND status = 'failed'),
+            $8::timestamptz,
+            CASE WHEN $7 = 'timed_out' THEN $9::timestamptz END) END) AS at
+), moved AS (
+    DELETE FROM execution_steps s USING cut
+    WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
+      AND s.recorded_at >= cut.at
+    RETURNING s.*
+), ex AS (
+    UPDATE executions e
+    SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
+        outcome = NULL,
+        due_at = now(), covered_due_at = NULL, redeliver_after = NULL,
+        deadline = coalesce($4::timestamptz,
+                            now() + make_interval(secs => $5::float8)),
+        cancel_requested_at = NULL, cancel_requested_by = NULL,
+        parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
+        waiting_on = NULL,
+        unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
+        redrives = e.redrives + 1,
+        updated_at = now()
+    WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+    RETURNING e.execution_id, e.status, e.token, e.redrives, e.deadline
+), kept AS (
+    INSERT INTO superseded_steps (superseded_id, execution_id, bucket, step_key, status,
+                                  value, error, function_name, attempts, token,
+                                  recorded_at, redrive)
+    SELECT {NEXT_SUPERSEDED_ID}, m.execution_id, fencepost_bucket(m.execution_id), m.step_key, m.status,
+           m.value, m.error, m.function_name, m.attempts, m.token, m.recorded_at,
+           ex.redrives
+    FROM moved m, ex
+), eff AS (
+    -- The effect's recorded outcome is gone from the record: one
+    -- more call with the same idempotency key is allowed.
+    UPDATE effects AS f SET status = 'retry', updated_at = now()
+    WHERE f.execution_id = $1 AND f.bucket = fencepost_bucket($1)
+      AND f.step_key IN (SELECT step_key FROM moved)
+), sig AS (
+    -- A signal consumed by a superseded step is pending again.
+    UPDATE signals AS sg SET consumed_step = NULL, consumed_token = NULL,
+                             consumed_at = NULL
+    WHERE sg.execution_id = $1 AND sg.bucket = fencepost_bucket($1)
+      AND sg.consumed_step IN (SELECT step_key FROM moved)
+), superseded AS (
+    SELECT coalesce(jsonb_agg(step_key ORDER BY recorded_at, step_key), '[]')
+           AS keys
+    FROM moved
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven', ex.token,
+           jsonb_strip_nulls(jsonb_build_object(
+               'by', $3::text, 'reason', $6::text, 'fromStep', $2::text,
+               'redrive', ex.redrives, 'deadline', ex.deadline,
+               'superseded', superseded.keys))
+    FROM ex, superseded
+)
+SELECT ex.status, ex.redrives, superseded.keys,
+       pg_notify('{NOTIFY_CHANNEL}', '') IS NULL AS notified
+FROM ex, superseded
+""", ("text", "text", "text", "timestamptz", "float8", "text", "text", "timestamptz",
+      "timestamptz"),
+    (("status", "text"), ("redrives", "integer"), ("keys", "jsonb"), ("notified", "boolean")))
 
 
 @dataclass(frozen=True)
@@ -80,81 +163,11 @@ class Redrives(StoreObject):
                 "WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $2",
                 execution_id, from_step):
             return "step_not_found", None
-        answer = await conn.fetchrow(
-            f"""
-            WITH cut AS (
-                -- Where the record is cut: least() skips what does not apply.
-                SELECT least(
-                    (SELECT recorded_at FROM execution_steps
-                     WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                       AND step_key = $2),
-                    CASE WHEN $7 <> 'completed' THEN least(
-                        (SELECT min(recorded_at) FROM execution_steps
-                         WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                           AND status = 'failed'),
-                        $8::timestamptz,
-                        CASE WHEN $7 = 'timed_out' THEN $9::timestamptz END) END) AS at
-            ), moved AS (
-                DELETE FROM execution_steps s USING cut
-                WHERE s.execution_id = $1 AND s.bucket = fencepost_bucket($1)
-                  AND s.recorded_at >= cut.at
-                RETURNING s.*
-            ), ex AS (
-                UPDATE executions e
-                SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
-                    outcome = NULL,
-                    due_at = now(), covered_due_at = NULL, redeliver_after = NULL,
-                    deadline = coalesce($4::timestamptz,
-                                        now() + make_interval(secs => $5::float8)),
-                    cancel_requested_at = NULL, cancel_requested_by = NULL,
-                    parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
-                    waiting_on = NULL,
-                    unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
-                    redrives = e.redrives + 1,
-                    updated_at = now()
-                WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
-                RETURNING e.execution_id, e.status, e.token, e.redrives, e.deadline
-            ), kept AS (
-                INSERT INTO superseded_steps (execution_id, bucket, step_key, status, value,
-                                              error, function_name, attempts, token,
-                                              recorded_at, redrive)
-                SELECT m.execution_id, fencepost_bucket(m.execution_id), m.step_key, m.status,
-                       m.value, m.error, m.function_name, m.attempts, m.token, m.recorded_at,
-                       ex.redrives
-                FROM moved m, ex
-            ), eff AS (
-                -- The effect's recorded outcome is gone from the record: one
-                -- more call with the same idempotency key is allowed.
-                UPDATE effects SET status = 'retry', updated_at = now()
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND step_key IN (SELECT step_key FROM moved)
-            ), sig AS (
-                -- A signal consumed by a superseded step is pending again.
-                UPDATE signals SET consumed_step = NULL, consumed_token = NULL,
-                                   consumed_at = NULL
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND consumed_step IN (SELECT step_key FROM moved)
-            ), superseded AS (
-                SELECT coalesce(jsonb_agg(step_key ORDER BY recorded_at, step_key), '[]')
-                       AS keys
-                FROM moved
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven', ex.token,
-                       jsonb_strip_nulls(jsonb_build_object(
-                           'by', $3::text, 'reason', $6::text, 'fromStep', $2::text,
-                           'redrive', ex.redrives, 'deadline', ex.deadline,
-                           'superseded', superseded.keys))
-                FROM ex, superseded
-            )
-            SELECT ex.status, ex.redrives, superseded.keys,
-                   pg_notify('{NOTIFY_CHANNEL}', '') AS notified
-            FROM ex, superseded
-            """,
-            execution_id, from_step, by, deadline, timeout_seconds, reason, status,
-            row["cancel_requested_at"], row["deadline"],
-        )
-        assert answer is not None  # the statement always returns its row
+        buckets = await shard_buckets(self, execution_id, conn)
+        [answer] = await _REDRIVE.fetch(
+            conn, buckets, execution_id, from_step, by, deadline, timeout_seconds, reason,
+            status, row["cancel_requested_at"], row["deadline"])
+        await tell_claimers(conn, buckets)
         return "redriven", Redriven(answer["status"], answer["redrives"], list(answer["keys"]))
 
     async def fork(self, execution_id: str, by: str, *, from_step: str,

@@ -153,9 +153,8 @@ class Signals(StoreObject):
         ("forbidden", workflow_id) or ("too_many", pending count)."""
         denied = list(denied_workflows)
 
-        # Read before the transaction: reading where the buckets are may take
-        # a second pooled connection, which a transaction holding one must
-        # never wait for (many senders at once would hold the whole pool).
+        # Before the transaction (see shard_buckets): many senders at once
+        # would otherwise hold the whole pool, each waiting for one more.
         buckets = await shard_buckets(self, execution_id)
 
         async def send(conn: asyncpg.Connection) -> asyncpg.Record | None:

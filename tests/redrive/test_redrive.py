@@ -26,6 +26,7 @@ async def steps_of(api: httpx.AsyncClient, eid: str) -> list[dict]:
     return r.json()["steps"]
 
 
+@pytest.mark.citus
 async def test_a_failed_execution_redriven_after_the_fix_completes_and_runs_nothing_twice(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
@@ -57,6 +58,7 @@ async def test_a_failed_execution_redriven_after_the_fix_completes_and_runs_noth
                                "superseded": ["ship"]}, event
 
 
+@pytest.mark.citus
 async def test_a_redriven_effect_is_called_again_with_the_same_idempotency_key(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
@@ -76,6 +78,7 @@ async def test_a_redriven_effect_is_called_again_with_the_same_idempotency_key(
     assert keys == {("superseded", f"{eid}:charge"), ("completed", f"{eid}:charge")}, keys
 
 
+@pytest.mark.citus
 async def test_from_step_on_a_completed_execution_reruns_exactly_the_steps_from_there(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
@@ -95,6 +98,7 @@ async def test_from_step_on_a_completed_execution_reruns_exactly_the_steps_from_
     assert flows.KEYS[eid] == [f"{eid}:charge"] * 2
 
 
+@pytest.mark.citus
 async def test_a_cancelled_execution_redriven_runs_its_wait_again_not_its_cleanup(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
@@ -120,6 +124,7 @@ async def test_a_cancelled_execution_redriven_runs_its_wait_again_not_its_cleanu
     assert (flows.calls(eid, "reserve"), flows.calls(eid, "release")) == (1, 1)
 
 
+@pytest.mark.citus
 async def test_redrive_refuses_what_has_not_ended_and_changes_nothing(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
     eid = await admit(store, "rd-order", "not-ended")
@@ -135,6 +140,7 @@ async def test_redrive_refuses_what_has_not_ended_and_changes_nothing(
     assert await events_of(store, eid, "redriven") == []
 
 
+@pytest.mark.citus
 async def test_a_redrive_deadline_beyond_the_years_utc_holds_is_passed_or_the_latest(
         store: ExecutionStore, api: httpx.AsyncClient) -> None:
     """A deadline whose offset puts it before year 1 in UTC has passed; one
@@ -161,6 +167,7 @@ async def test_a_redrive_deadline_beyond_the_years_utc_holds_is_passed_or_the_la
     assert await store.pool.fetchval("SELECT count(*) FROM executions") == 1
 
 
+# Not on Citus: RowLock holds the row with a statement Citus cannot route.
 async def test_two_redrives_at_once_make_one(store: ExecutionStore, pool) -> None:
     eid = await admit(store, "rd-order", "race-1")
     [d] = await store.leases.claim_due(1, 30, "w")
@@ -177,6 +184,7 @@ async def test_two_redrives_at_once_make_one(store: ExecutionStore, pool) -> Non
     assert (await store.history.get(eid))["redrives"] == 1
 
 
+@pytest.mark.citus
 async def test_a_stale_holder_stays_fenced_out_across_a_redrive(store: ExecutionStore) -> None:
     eid = await admit(store, "rd-order", "stale-1")
     [d] = await store.leases.claim_due(1, 30, "w1")
@@ -200,6 +208,7 @@ async def test_a_stale_holder_stays_fenced_out_across_a_redrive(store: Execution
     assert (await store.history.get(eid))["status"] == "running"
 
 
+@pytest.mark.citus
 async def test_a_fork_copies_exactly_the_steps_before_from_step(
         store: ExecutionStore, workers, api: httpx.AsyncClient) -> None:
     await workers.start()
