@@ -23,6 +23,8 @@ import asyncpg
 
 from app.schema import TERMINAL_STATUSES
 from app.store.handle import StoreObject
+from app.store.on_shard import NEXT_EVENT_ID, OnShard
+from app.store.placement import shard_buckets, tell_claimers
 from app.store.types import NOTIFY_CHANNEL, TERMINAL_SQL
 
 MoveAnswer = Literal["moved", "not_found", "ended", "running", "changed"]
@@ -30,6 +32,62 @@ MoveAnswer = Literal["moved", "not_found", "ended", "running", "changed"]
 ANY_VERSION = object()
 # A bulk move checks each execution within one request: at most this many.
 MAX_CANDIDATES = 1000
+
+
+
+# The move of $1 to code version $2, in one statement on the execution's
+# shard: the row locked and checked (not ended, not held, and, given the
+# version check's view $6-$8, unchanged since), the version set (a
+# nondeterminism park made due now) and the event.
+_MOVE = OnShard("move_version", f"""
+
+WITH cur AS (
+    -- The row lock makes a concurrent claim either commit first
+    -- (the token or status below then no longer match) or wait
+    -- and claim the moved version.
+    SELECT execution_id, code_version, token,
+           status = 'parked' AND parked_reason = 'nondeterminism' AS unpark
+    FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND status NOT IN {TERMINAL_SQL}
+      AND status <> 'running'
+      AND ($6::bigint IS NULL
+           OR (token = $6 AND redrives = $7 AND status = $8))
+    FOR NO KEY UPDATE
+), m AS (
+    UPDATE executions e
+    SET code_version = $2,
+        status = CASE WHEN c.unpark
+                      THEN CASE WHEN e.ever_suspended THEN 'suspended'
+                                ELSE 'admitted' END
+                      ELSE e.status END,
+        parked_reason = CASE WHEN c.unpark THEN NULL ELSE e.parked_reason END,
+        parked_step = CASE WHEN c.unpark THEN NULL ELSE e.parked_step END,
+        parked_detail = CASE WHEN c.unpark THEN NULL ELSE e.parked_detail END,
+        redeliver_after = CASE WHEN c.unpark THEN NULL ELSE e.redeliver_after END,
+        due_at = CASE WHEN c.unpark THEN now() ELSE e.due_at END,
+        updated_at = now()
+    FROM cur c
+    WHERE e.execution_id = c.execution_id AND e.bucket = fencepost_bucket($1)
+    RETURNING e.execution_id, e.token, e.status, c.code_version AS from_version,
+              c.unpark
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), 'version_moved', token,
+           jsonb_build_object('from', from_version, 'to', $2::text,
+                              'by', $3::text, 'check', $4::text)
+           || CASE WHEN $5::text IS NULL THEN '{{}}'::jsonb
+                   ELSE jsonb_build_object('reason', $5::text) END
+           || CASE WHEN unpark THEN jsonb_build_object('resumed', true)
+                   ELSE '{{}}'::jsonb END
+    FROM m
+)
+SELECT m.execution_id, m.token, m.status, m.from_version, m.unpark,
+       (CASE WHEN m.unpark THEN pg_notify('{NOTIFY_CHANNEL}', '') END) IS NULL AS notified
+FROM m
+""", ("text", "text", "text", "text", "text", "bigint", "integer", "text"),
+    (("execution_id", "text"), ("token", "bigint"), ("status", "text"),
+     ("from_version", "text"), ("unpark", "boolean"), ("notified", "boolean")))
 
 
 @dataclass(frozen=True)
@@ -109,56 +167,15 @@ class Versions(StoreObject):
         it is no longer as the check saw it. Writes `version_moved`; an
         execution parked for `nondeterminism` becomes due now (as resume
         makes it). `check` ("passed" / "skipped") is recorded as given."""
-        row = await self.db.fetchrow(
-            f"""
-            WITH cur AS (
-                -- The row lock makes a concurrent claim either commit first
-                -- (the token or status below then no longer match) or wait
-                -- and claim the moved version.
-                SELECT execution_id, code_version, token,
-                       status = 'parked' AND parked_reason = 'nondeterminism' AS unpark
-                FROM executions
-                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-                  AND status NOT IN {TERMINAL_SQL}
-                  AND status <> 'running'
-                  AND ($6::bigint IS NULL
-                       OR (token = $6 AND redrives = $7 AND status = $8))
-                FOR NO KEY UPDATE
-            ), m AS (
-                UPDATE executions e
-                SET code_version = $2,
-                    status = CASE WHEN c.unpark
-                                  THEN CASE WHEN e.ever_suspended THEN 'suspended'
-                                            ELSE 'admitted' END
-                                  ELSE e.status END,
-                    parked_reason = CASE WHEN c.unpark THEN NULL ELSE e.parked_reason END,
-                    parked_step = CASE WHEN c.unpark THEN NULL ELSE e.parked_step END,
-                    parked_detail = CASE WHEN c.unpark THEN NULL ELSE e.parked_detail END,
-                    redeliver_after = CASE WHEN c.unpark THEN NULL ELSE e.redeliver_after END,
-                    due_at = CASE WHEN c.unpark THEN now() ELSE e.due_at END,
-                    updated_at = now()
-                FROM cur c
-                WHERE e.execution_id = c.execution_id AND e.bucket = fencepost_bucket($1)
-                RETURNING e.execution_id, e.token, e.status, c.code_version AS from_version,
-                          c.unpark
-            ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT execution_id, fencepost_bucket(execution_id), 'version_moved', token,
-                       jsonb_build_object('from', from_version, 'to', $2::text,
-                                          'by', $3::text, 'check', $4::text)
-                       || CASE WHEN $5::text IS NULL THEN '{{}}'::jsonb
-                               ELSE jsonb_build_object('reason', $5::text) END
-                       || CASE WHEN unpark THEN jsonb_build_object('resumed', true)
-                               ELSE '{{}}'::jsonb END
-                FROM m
-            )
-            SELECT m.*, CASE WHEN unpark THEN pg_notify('{NOTIFY_CHANNEL}', '') END FROM m
-            """,
-            execution_id, to_version, by, check, reason,
+        buckets = await shard_buckets(self, execution_id)
+        rows = await _MOVE.fetch(
+            self.db, buckets, execution_id, to_version, by, check, reason,
             seen.token if seen is not None else None,
             seen.redrives if seen is not None else None,
-            seen.status if seen is not None else None,
-        )
+            seen.status if seen is not None else None)
+        row = rows[0] if rows else None
+        if row is not None and row["unpark"]:
+            await tell_claimers(self.db, buckets)
         if row is not None:
             return "moved", Moved(row["execution_id"], row["from_version"], to_version,
                                   row["status"], row["unpark"])
