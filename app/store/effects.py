@@ -11,7 +11,7 @@ import asyncpg
 
 from app.metrics import METRICS
 from app.store.buckets import bucket_of
-from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.fencing import FENCE_CTE, rejected
 from app.store.handle import StoreObject
 from app.store.on_shard import NEXT_EVENT_ID, OnShard
 from app.store.placement import placement_of, shard_buckets
@@ -28,12 +28,7 @@ from app.store.types import Lease, LeaseLost
 # checked on the row this statement holds FOR SHARE (no claim lands between
 # the check and the insert), all on the execution's shard.
 _BEGIN = OnShard("begin_effect", f"""
-WITH fence AS (
-    SELECT execution_id, {INTERRUPT_SQL} FROM executions
-    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-      AND token = $2 AND status = 'running'
-    FOR SHARE
-), ins AS (
+WITH {FENCE_CTE}, ins AS (
     INSERT INTO effects (execution_id, bucket, step_key, idempotency_key,
                          function_name, status, token)
     SELECT execution_id, fencepost_bucket(execution_id), $3, $4, $5, 'started', $2
@@ -55,12 +50,7 @@ FROM (SELECT 1) AS one LEFT JOIN ins ON true
 
 # One more attempt of step $3, fenced as above.
 _RETRY = OnShard("retry_effect", f"""
-WITH fence AS (
-    SELECT execution_id FROM executions
-    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-      AND token = $2 AND status = 'running'
-    FOR SHARE
-), upd AS (
+WITH {FENCE_CTE}, upd AS (
     UPDATE effects AS f SET status = 'started', token = $2, attempts = f.attempts + 1,
                             updated_at = now()
     WHERE f.execution_id = (SELECT execution_id FROM fence)

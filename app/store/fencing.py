@@ -28,6 +28,19 @@ def interrupt_at(now: str) -> str:
 
 INTERRUPT_SQL = interrupt_at("now()")
 
+# THE fence of one write by the holder of token $2 of execution $1, as the
+# first CTE of the write's statement: the row, still running under that
+# token, held FOR SHARE to the end of the statement's transaction, so no
+# claim (which takes the row FOR UPDATE and moves the token) can land
+# between this check and the write. An empty `fence` means the write must
+# write nothing; its `interrupt` is a pending cancel or a passed deadline.
+FENCE_CTE = f"""fence AS (
+    SELECT execution_id, {INTERRUPT_SQL} FROM executions
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+      AND token = $2 AND status = 'running'
+    FOR SHARE
+)"""
+
 
 _REJECTED = OnShard("fenced_write_rejected", """
 INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import asyncpg
 
 from app.schema import TERMINAL_STATUSES as TERMINAL
-from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.fencing import FENCE_CTE, rejected
 from app.store.handle import StoreObject
 from app.store.on_shard import NEXT_EVENT_ID, NEXT_SIGNAL_ID, OnShard
 from app.store.placement import shard_buckets, tell_claimers
@@ -85,12 +85,7 @@ SELECT (SELECT signal_id FROM sig) AS signal_id, (SELECT n FROM pending) AS pend
 # The oldest pending signal $4 taken into step $3, fenced: the signal marked
 # consumed and the step recorded in one statement, or neither.
 _CONSUME_SIGNAL = OnShard("consume_signal", f"""
-WITH fence AS (
-    SELECT execution_id, {INTERRUPT_SQL} FROM executions
-    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-      AND token = $2 AND status = 'running'
-    FOR SHARE
-), recorded AS (
+WITH {FENCE_CTE}, recorded AS (
     SELECT step_key FROM execution_steps
     WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND step_key = $3
 ), pending AS (

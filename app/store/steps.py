@@ -15,7 +15,7 @@ import asyncpg
 from app.db import encode_json
 from app.dberrors import is_infrastructure
 from app.store.buckets import bucket_of
-from app.store.fencing import INTERRUPT_SQL, rejected
+from app.store.fencing import FENCE_CTE, INTERRUPT_SQL, rejected
 from app.store.group_commit import GroupCommit, own_copy, settle
 from app.store.handle import Handle, StoreConfig, StoreObject
 from app.store.on_shard import NEXT_ATTEMPT_ID, NEXT_EVENT_ID, NEXT_OBSERVATION_ID, OnShard
@@ -88,12 +88,7 @@ ATTEMPT_HISTORY = 20
 # FOR SHARE), with its event; the step's history trimmed to its last $6
 # attempts, all in one statement on the execution's shard.
 _RECORD_ATTEMPT = OnShard("record_attempt", f"""
-WITH fence AS (
-    SELECT execution_id FROM executions
-    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
-      AND token = $2 AND status = 'running'
-    FOR SHARE
-), ins AS (
+WITH {FENCE_CTE}, ins AS (
     INSERT INTO attempt_history
         (attempt_id, execution_id, bucket, step_key, attempt, token, error)
     SELECT {NEXT_ATTEMPT_ID}, execution_id, fencepost_bucket(execution_id), $3, $4, $2, $5

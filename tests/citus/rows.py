@@ -3,9 +3,27 @@ leaves them, and where they are (which node holds an execution's shard)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import asyncpg
 
 from app.store.buckets import bucket_of
+from app.store.types import Lease
+
+NEVER = datetime(2100, 1, 1, tzinfo=UTC)
+
+
+def lease(eid: str, token: int) -> Lease:
+    """The lease of token `token` on `eid`, as its holder has it (the fence
+    checks the token, not the expiry the holder believes)."""
+    return Lease(eid, token, NEVER, "w")
+
+
+async def event_kinds(pool: asyncpg.Pool, eid: str) -> list[str]:
+    """The kinds of `eid`'s events, in the history's order (by event ID)."""
+    return [r["kind"] for r in await pool.fetch(
+        "SELECT kind FROM execution_events WHERE execution_id = $1 "
+        "AND bucket = fencepost_bucket($1) ORDER BY event_id", eid)]
 
 
 async def insert(pool: asyncpg.Pool, eid: str, status: str, *, token: int = 1,

@@ -15,15 +15,9 @@ import pytest
 from app.store import ExecutionStore
 from app.store.buckets import bucket_of
 from app.store.types import Lease, LeaseLost
-from tests.citus.rows import insert, on_other_nodes, state
+from tests.citus.rows import event_kinds, insert, on_other_nodes, state
 
 pytestmark = pytest.mark.citus
-
-
-async def _kinds(pool: asyncpg.Pool, eid: str) -> list[str]:
-    return [r["kind"] for r in await pool.fetch(
-        "SELECT kind FROM execution_events WHERE execution_id = $1 "
-        "AND bucket = fencepost_bucket($1) ORDER BY event_id", eid)]
 
 
 async def test_a_batch_over_many_shards_acknowledges_each_under_its_own_fence(
@@ -43,15 +37,15 @@ async def test_a_batch_over_many_shards_acknowledges_each_under_its_own_fence(
         if eid in stale:
             assert isinstance(answer, LeaseLost), (eid, answer)
             assert row["status"] == "running"
-            assert await _kinds(pool, eid) == ["fenced_write_rejected"]
+            assert await event_kinds(pool, eid) == ["fenced_write_rejected"]
         else:
             assert (answer.status, answer.outcome) == ("completed", {"result": {"id": eid}})
             assert row["status"] == "completed"
-            assert await _kinds(pool, eid) == ["acknowledged"]
+            assert await event_kinds(pool, eid) == ["acknowledged"]
     # Acknowledged again with the same token: the recorded outcome, nothing written.
     again = await store.leases.acknowledge(Lease(ids[1], 2, None, "w"), "failed")
     assert (again.status, again.outcome) == ("completed", {"result": {"id": ids[1]}})
-    assert await _kinds(pool, ids[1]) == ["acknowledged"]
+    assert await event_kinds(pool, ids[1]) == ["acknowledged"]
 
 
 async def test_a_suspension_stays_with_its_wait_and_a_cancel_wins(
@@ -66,7 +60,7 @@ async def test_a_suspension_stays_with_its_wait_and_a_cancel_wins(
     assert await pool.fetchval(
         "SELECT waiting_on->>'signal' FROM executions WHERE execution_id = 'waits' "
         "AND bucket = fencepost_bucket('waits')") == "go"
-    assert await _kinds(pool, "cancelled") == ["acknowledged", "cancelled"]
+    assert await event_kinds(pool, "cancelled") == ["acknowledged", "cancelled"]
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -123,12 +117,12 @@ async def test_an_acknowledgement_racing_a_takeover_ends_the_delivery_once(
         row = await state(pool, eid)
         if acked == "acknowledged":
             assert claimed == [] and row["status"] == "completed", (i, claimed, row)
-            assert await _kinds(pool, eid) == ["acknowledged"]
+            assert await event_kinds(pool, eid) == ["acknowledged"]
             wins["acknowledged"] += 1
         else:
             assert claimed == [eid] and row["status"] == "running", (i, acked, row)
             assert row["token"] == 2 and row["lease_owner"] == "new"
-            assert await _kinds(pool, eid) == ["lease_expired", "claimed",
+            assert await event_kinds(pool, eid) == ["lease_expired", "claimed",
                                                "fenced_write_rejected"]
             wins["taken over"] += 1
         i += 1

@@ -7,30 +7,15 @@ from the coordinator and changed shard by shard in one transaction."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import asyncpg
 import pytest
 
 from app.store import ExecutionStore
 from app.store.buckets import bucket_of
-from app.store.types import Lease, LeaseLost
-from tests.citus.rows import insert, node, on_other_nodes, state
+from app.store.types import LeaseLost
+from tests.citus.rows import event_kinds, insert, lease, node, on_other_nodes, state
 
 pytestmark = pytest.mark.citus
-
-NEVER = datetime(2100, 1, 1, tzinfo=UTC)
-
-
-def lease(eid: str, token: int = 1) -> Lease:
-    return Lease(eid, token, NEVER, "w")
-
-
-async def kinds(pool: asyncpg.Pool, eid: str) -> list[str]:
-    return [r["kind"] for r in await pool.fetch(
-        "SELECT kind FROM execution_events WHERE execution_id = $1 "
-        "AND bucket = fencepost_bucket($1) ORDER BY event_id", eid)]
-
 
 async def test_signals_reach_executions_on_every_shard_and_are_consumed_fenced(
         pool: asyncpg.Pool, store: ExecutionStore) -> None:
@@ -73,7 +58,7 @@ async def test_wakes_on_every_shard_and_an_owners_predicate(
         assert not (await state(pool, eid))["due"], "a foreign owner's wake changed the row"
         assert await store.operator.request_wake(eid, owner="token-a") == "requested"
         assert (await state(pool, eid))["due"] is True
-        assert (await kinds(pool, eid))[-1] == "wake_requested"
+        assert (await event_kinds(pool, eid))[-1] == "wake_requested"
     await insert(pool, "ended", "suspended")
     await pool.execute("UPDATE executions SET status = 'completed', outcome = '{}' "
                        "WHERE execution_id = 'ended' AND bucket = fencepost_bucket('ended')")
@@ -100,8 +85,8 @@ async def test_a_cancel_reaches_a_tree_on_both_nodes(
     assert await pool.fetchval(
         "SELECT count(*) FROM executions WHERE cancel_requested_by = 'op'") == 3
     assert (await state(pool, "bystander"))["status"] == "suspended"
-    assert "cancel_requested" in await kinds(pool, child)
-    assert (await kinds(pool, grandchild))[-2:] == ["cancel_requested", "cancelled"]
+    assert "cancel_requested" in await event_kinds(pool, child)
+    assert (await event_kinds(pool, grandchild))[-2:] == ["cancel_requested", "cancelled"]
     # Terminate ends the rest at once; a second request finds nothing to do.
     assert await store.operator.terminate(root, "op") == ("cancelled", "cancelled")
     for eid in (root, child, grandchild):
@@ -148,7 +133,7 @@ async def test_an_effect_parked_in_doubt_is_fenced_and_resolved_on_its_shard(
         assert await pool.fetchval(
             "SELECT count(*) FROM effects WHERE execution_id = $1 "
             "AND bucket = fencepost_bucket($1)", eid) == 0
-        assert await kinds(pool, eid) == [
+        assert await event_kinds(pool, eid) == [
             "fenced_write_rejected", "effect_started", "effect_attempted",
             "fenced_write_rejected", "parked", "resolved"]
 

@@ -6,30 +6,17 @@ the order it was written."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from app.store import ExecutionStore
 from app.store.steps import ATTEMPT_HISTORY
-from app.store.types import Lease, LeaseLost
-from tests.citus.rows import insert, node
+from app.store.types import LeaseLost
+from tests.citus.rows import event_kinds, insert, lease, node
 
 pytestmark = pytest.mark.citus
-
-NEVER = datetime(2100, 1, 1, tzinfo=UTC)
-
-
-def lease(eid: str, token: int) -> Lease:
-    return Lease(eid, token, NEVER, "w")
-
-
-async def kinds(pool: asyncpg.Pool, eid: str) -> list[str]:
-    return [r["kind"] for r in await pool.fetch(
-        "SELECT kind FROM execution_events WHERE execution_id = $1 "
-        "AND bucket = fencepost_bucket($1) ORDER BY event_id", eid)]
-
 
 async def test_timers_on_every_node_are_fenced_and_keep_their_time(
         pool: asyncpg.Pool, store: ExecutionStore) -> None:
@@ -46,7 +33,7 @@ async def test_timers_on_every_node_are_fenced_and_keep_their_time(
         # Recorded once: asked again, the timer keeps its time.
         again, _, _ = await store.steps.record_timer(lease(eid, 2), "nap", delay_seconds=600)
         assert again == wake_at
-        assert await kinds(pool, eid) == ["fenced_write_rejected", "step_recorded"]
+        assert await event_kinds(pool, eid) == ["fenced_write_rejected", "step_recorded"]
 
 
 async def test_failed_attempts_are_fenced_and_trimmed_on_the_shard(
@@ -59,7 +46,7 @@ async def test_failed_attempts_are_fenced_and_trimmed_on_the_shard(
                                          {"name": "E", "message": str(attempt)})
     kept = [a["attempt"] for a in await store.history.attempt_history("retrying")]
     assert kept == list(range(6, ATTEMPT_HISTORY + 6)), kept
-    assert (await kinds(pool, "retrying")).count("attempt_failed") == ATTEMPT_HISTORY + 5
+    assert (await event_kinds(pool, "retrying")).count("attempt_failed") == ATTEMPT_HISTORY + 5
 
 
 async def test_a_late_observation_and_every_event_read_in_the_order_written(
@@ -74,7 +61,7 @@ async def test_a_late_observation_and_every_event_read_in_the_order_written(
     assert await store.steps.record_late_observation(lease("observed", 1), "one",
                                                      value=1) is False
     await store.leases.acknowledge(lease("observed", 2), "completed", result={"one": 1})
-    assert await kinds(pool, "observed") == [
+    assert await event_kinds(pool, "observed") == [
         "step_recorded", "step_recorded", "attempt_failed", "integrity_conflict",
         "acknowledged"]
     assert await pool.fetchval(
