@@ -244,11 +244,9 @@ class Operator(StoreObject):
         does not fit."""
         buckets = await shard_buckets(self, execution_id)
         rows = await _RESUME.fetch(self.db, buckets, execution_id, by)
-        row = rows[0] if rows else None
-        if row is not None:
+        if rows:
             await tell_claimers(self.db, buckets)
-        if row is not None:
-            return "resumed", row["status"]
+            return "resumed", rows[0]["status"]
         status = await self.db.fetchval(
             "SELECT status FROM executions "
             "WHERE execution_id = $1 AND bucket = fencepost_bucket($1)", execution_id
