@@ -147,8 +147,9 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(
             501, "NOT_SUPPORTED_BY_DATABASE",
             f"the database refused this operation as not supported ({exc}); nothing was "
-            "changed. On a Citus cluster, docs/citus.md lists what is not supported yet: "
-            "do it on a single-node fencepost, or wait for a release that supports it")
+            "changed. On a Citus cluster, docs/citus.md lists what is not supported there "
+            "yet; the routes that act on one execution (cancel, resume, resolve, redrive, "
+            "signals, wakes) are")
     if not is_infrastructure(exc):
         # Not the database failing but a statement the code got wrong: re-raised,
         # the server answers 500 and logs the trace, so the bug stays visible.
