@@ -17,6 +17,7 @@ from tests.citus.rows import event_kinds, insert, lease, node, on_other_nodes, s
 
 pytestmark = pytest.mark.citus
 
+
 async def test_signals_reach_executions_on_every_shard_and_are_consumed_fenced(
         pool: asyncpg.Pool, store: ExecutionStore) -> None:
     ids = [f"signalled-{i}" for i in range(24)]

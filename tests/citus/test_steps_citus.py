@@ -18,6 +18,7 @@ from tests.citus.rows import event_kinds, insert, lease, node
 
 pytestmark = pytest.mark.citus
 
+
 async def test_timers_on_every_node_are_fenced_and_keep_their_time(
         pool: asyncpg.Pool, store: ExecutionStore) -> None:
     ids = [f"sleeping-{i}" for i in range(12)]
