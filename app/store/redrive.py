@@ -27,14 +27,12 @@ ForkAnswer = Literal["forked", "not_found", "step_not_found", "conflict"]
 REDRIVABLE = ("failed", "timed_out", "cancelled", "completed")
 
 
-
 # The redrive of $1 (locked FOR UPDATE by the caller, its status $7): the
 # record cut at step $2 (or at the first failure, the cancel $8 or the
 # deadline $9), the steps moved aside as superseded, the effects and signals
 # they had taken released, the execution reopened due now, and the event,
 # in one statement on the execution's shard.
 _REDRIVE = OnShard("redrive", f"""
-
 WITH cut AS (
     -- Where the record is cut: least() skips what does not apply.
     SELECT least(
@@ -71,9 +69,9 @@ WITH cut AS (
     INSERT INTO superseded_steps (superseded_id, execution_id, bucket, step_key, status,
                                   value, error, function_name, attempts, token,
                                   recorded_at, redrive)
-    SELECT {NEXT_SUPERSEDED_ID}, m.execution_id, fencepost_bucket(m.execution_id), m.step_key, m.status,
-           m.value, m.error, m.function_name, m.attempts, m.token, m.recorded_at,
-           ex.redrives
+    SELECT {NEXT_SUPERSEDED_ID}, m.execution_id, fencepost_bucket(m.execution_id),
+           m.step_key, m.status, m.value, m.error, m.function_name, m.attempts, m.token,
+           m.recorded_at, ex.redrives
     FROM moved m, ex
 ), eff AS (
     -- The effect's recorded outcome is gone from the record: one
@@ -93,7 +91,8 @@ WITH cut AS (
     FROM moved
 ), ev AS (
     INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven', ex.token,
+    SELECT {NEXT_EVENT_ID}, ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven',
+           ex.token,
            jsonb_strip_nulls(jsonb_build_object(
                'by', $3::text, 'reason', $6::text, 'fromStep', $2::text,
                'redrive', ex.redrives, 'deadline', ex.deadline,

@@ -34,13 +34,11 @@ ANY_VERSION = object()
 MAX_CANDIDATES = 1000
 
 
-
 # The move of $1 to code version $2, in one statement on the execution's
 # shard: the row locked and checked (not ended, not held, and, given the
 # version check's view $6-$8, unchanged since), the version set (a
 # nondeterminism park made due now) and the event.
 _MOVE = OnShard("move_version", f"""
-
 WITH cur AS (
     -- The row lock makes a concurrent claim either commit first
     -- (the token or status below then no longer match) or wait
