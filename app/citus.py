@@ -151,7 +151,14 @@ async def distribute(url: str, shards: int | None = None) -> list[str]:
             await conn.execute(SHARD_FUNCTION)
             await _delegate(conn, "fencepost_shard(text, smallint)", None)
             for statement in REGISTRY.values():
-                await conn.execute(statement.ddl())
+                try:
+                    await conn.execute(statement.ddl())
+                except asyncpg.InvalidFunctionDefinitionError:
+                    # Its answer's columns changed (a new release): a function
+                    # cannot be replaced by one of another row type.
+                    await conn.execute(f"DROP FUNCTION {statement.signature}")
+                    await conn.execute(statement.ddl())
+                    changed.append(f"{statement.function}: made anew (its columns changed)")
                 await _delegate(conn, statement.signature, "$1")
             changed.append(f"{len(REGISTRY)} statements run on their shard "
                            f"({', '.join(sorted(REGISTRY))})")

@@ -85,6 +85,10 @@ executions = Table(
     Column("covered_due_at", DateTime(timezone=True), nullable=True),
     # Fencing token: incremented by every claim, carried by every fenced write.
     Column("token", BigInteger, nullable=False, server_default=text("0")),
+    # The last place in this execution's history handed out: every statement
+    # that appends events takes their places from here, on this row, in the
+    # same statement (app/store/event_log.py).
+    Column("event_seq", BigInteger, nullable=False, server_default=text("0")),
     Column("lease_owner", Text, nullable=True),
     # Database time. Non-NULL exactly while status = 'running'.
     Column("lease_expires_at", DateTime(timezone=True), nullable=True),
@@ -259,8 +263,13 @@ events = Table(
     Column("kind", Text, nullable=False),
     Column("token", BigInteger, nullable=True),
     Column("detail", JSONB, nullable=True),
+    # Its place in the execution's history (increasing, not contiguous): the
+    # history's order. Not event_id, which comes from a sequence (on Citus,
+    # each node's own range).
+    Column("seq", BigInteger, nullable=False),
 )
-Index("ix_execution_events_execution", events.c.execution_id, events.c.event_id)
+Index("ux_execution_events_seq", events.c.execution_id, events.c.seq, events.c.bucket,
+      unique=True)
 
 late_observations = Table(
     "late_observations",

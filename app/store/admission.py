@@ -75,7 +75,7 @@ def _admission_sql(requests: str) -> str:
         INSERT INTO executions
             (execution_id, bucket, workflow_id, params, context, status, due_at,
              deadline, code_version, admitted_by, traceparent, queue,
-             concurrency_key, priority)
+             concurrency_key, priority, event_seq)
         -- Python None is SQL NULL on the wire; as params it means JSON null.
         SELECT r.execution_id, fencepost_bucket(r.execution_id), r.workflow_id,
                coalesce(r.params, 'null'::jsonb), r.context, 'admitted',
@@ -83,7 +83,7 @@ def _admission_sql(requests: str) -> str:
                    + make_interval(secs => coalesce(r.delay_seconds, 0)))),
                coalesce(r.deadline, now() + make_interval(secs => r.timeout_seconds)),
                r.code_version, r.admitted_by, r.traceparent, r.queue, r.concurrency_key,
-               r.priority
+               r.priority, 1
         FROM r
         -- IDs are never reused: not a retired one, and not one whose
         -- row this statement sees. (A row being deleted by retention
@@ -101,8 +101,10 @@ def _admission_sql(requests: str) -> str:
         ON CONFLICT (execution_id, bucket) DO NOTHING
         RETURNING execution_id, status, queue
     ), ev AS (
-        INSERT INTO execution_events (event_id, execution_id, bucket, kind, detail)
-        SELECT {NEXT_EVENT_ID}, ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
+        -- Place 1 of the history: the counter (event_seq) starts there.
+        INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, detail)
+        SELECT {NEXT_EVENT_ID}, ins.execution_id, fencepost_bucket(ins.execution_id), 1,
+               'admitted',
                jsonb_strip_nulls(jsonb_build_object('workflowId', r.workflow_id,
                                                     'requestId', r.request_id))
         FROM ins JOIN r USING (execution_id)

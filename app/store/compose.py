@@ -176,14 +176,20 @@ class Compose(StoreObject):
                                     $7)
                             RETURNING step_key, status, value, error, function_name,
                                       attempts, token, recorded_at
+                        ), placed AS (
+                            -- The event's place, on the row the fence holds.
+                            UPDATE executions SET event_seq = event_seq + 1
+                            WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                              AND EXISTS (SELECT 1 FROM ins)
+                            RETURNING event_seq
                         ), ev AS (
                             INSERT INTO execution_events
-                                (execution_id, bucket, kind, token, detail)
-                            SELECT $1, fencepost_bucket($1), 'step_recorded', $2,
+                                (execution_id, bucket, seq, kind, token, detail)
+                            SELECT $1, fencepost_bucket($1), event_seq, 'step_recorded', $2,
                                    jsonb_build_object('stepKey', $3::text,
                                                       'status', 'completed',
                                                       'transaction', true)
-                            FROM ins
+                            FROM placed
                         )
                         SELECT * FROM ins
                         """,
@@ -231,7 +237,7 @@ class Compose(StoreObject):
         ID taken by an unrelated execution, or retired by retention, is a
         conflict (status "retired" for the latter).
 
-        Locks: the parent row FOR SHARE, then the child insert. A child that
+        Locks: the parent row (updated: its event's place), then the child insert. A child that
         already exists is seen in the statement's snapshot and not inserted
         again, so the insert never waits on a child row that is ending (and
         whose end waits for the parent row); it can only wait for a
@@ -243,23 +249,25 @@ class Compose(StoreObject):
                 row = await self.db.fetchrow(
                     f"""
                     WITH parent AS (
-                        -- The fence: same predicate as every fenced write.
-                        SELECT execution_id, cancel_requested_at IS NOT NULL AS cancelling
-                        FROM executions
+                        -- The fence: same predicate as every fenced write, on
+                        -- the row it updates (the place of child_started).
+                        UPDATE executions SET event_seq = event_seq + 1
                         WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
                           AND token = $7 AND status = 'running'
-                        FOR SHARE
+                        RETURNING execution_id, event_seq,
+                                  cancel_requested_at IS NOT NULL AS cancelling
                     ), ins AS (
                         INSERT INTO executions
                             (execution_id, bucket, workflow_id, params, context, status, due_at,
                              deadline, parent_execution_id, parent_step_key, queue,
-                             concurrency_key, priority, code_version)
+                             concurrency_key, priority, code_version, event_seq)
                         -- A child is ordered in its queue like its parent.
                         SELECT $3, fencepost_bucket($3), $4, coalesce($5, 'null'::jsonb),
                                '{{}}'::jsonb, 'admitted',
                                now(), now() + make_interval(secs => $6::float8), $1, $2, $8, $9,
                                (SELECT priority FROM executions
-                                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)), $10
+                                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)), $10,
+                               1
                         FROM parent
                         WHERE NOT parent.cancelling
                           -- Seen already (a repeat): nothing to insert, nothing to wait for.
@@ -277,15 +285,15 @@ class Compose(StoreObject):
                         ON CONFLICT DO NOTHING
                         RETURNING execution_id
                     ), ev AS (
-                        INSERT INTO execution_events (execution_id, bucket, kind, detail)
-                        SELECT $3, fencepost_bucket($3), 'admitted',
+                        INSERT INTO execution_events (execution_id, bucket, seq, kind, detail)
+                        SELECT $3, fencepost_bucket($3), 1, 'admitted',
                                jsonb_build_object('workflowId', $4::text,
                                                   'parentExecutionId', $1::text)
                         FROM ins
                         UNION ALL
-                        SELECT $1, fencepost_bucket($1), 'child_started',
+                        SELECT $1, fencepost_bucket($1), parent.event_seq, 'child_started',
                                jsonb_build_object('stepKey', $2::text, 'childExecutionId', $3::text)
-                        FROM ins
+                        FROM ins, parent
                     ), new_queue AS (
                         -- Claims read the queues table: every execution's queue is in it.
                         INSERT INTO queues (name) SELECT $8 FROM ins

@@ -25,7 +25,7 @@ from app.store.policy import (
 from app.store.types import Lease, LeaseLost
 
 # The attempt of step $3 persisted before the call, fenced: the token is
-# checked on the row this statement holds FOR SHARE (no claim lands between
+# checked on the row this statement updates (no claim lands between
 # the check and the insert), all on the execution's shard.
 _BEGIN = OnShard("begin_effect", f"""
 WITH {FENCE_CTE}, ins AS (
@@ -36,8 +36,9 @@ WITH {FENCE_CTE}, ins AS (
     ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
     RETURNING idempotency_key, status, token, attempts
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'effect_started', $2,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), (SELECT event_seq FROM fence),
+           'effect_started', $2,
            jsonb_build_object('stepKey', $3::text, 'idempotencyKey', $4::text)
     FROM ins
 )
@@ -57,8 +58,9 @@ WITH {FENCE_CTE}, upd AS (
       AND f.bucket = fencepost_bucket($1) AND f.step_key = $3
     RETURNING f.attempts
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'effect_attempted', $2,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), (SELECT event_seq FROM fence),
+           'effect_attempted', $2,
            jsonb_build_object('stepKey', $3::text, 'attempt', attempts)
     FROM upd
 )
@@ -93,18 +95,19 @@ WITH p AS (
         covered_due_at = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
-        redeliver_after = NULL, updated_at = now()
+        redeliver_after = NULL, event_seq = e.event_seq + 1, updated_at = now()
     WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
       AND e.token = $2 AND e.status = 'running'
-    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.event_seq
 ), eff AS (
     UPDATE effects AS f SET status = 'outcome_unknown', updated_at = now()
     WHERE f.execution_id = (SELECT execution_id FROM p)
       AND f.bucket = fencepost_bucket($1) AND f.step_key = $3
       AND $4 = 'outcome_unknown'
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq, status,
+           token,
            CASE WHEN status = 'parked'
                 THEN jsonb_build_object('reason', $4::text, 'stepKey', $3::text)
                      || CASE WHEN $5::jsonb IS NOT NULL

@@ -30,22 +30,33 @@ INTERRUPT_SQL = interrupt_at("now()")
 
 # THE fence of one write by the holder of token $2 of execution $1, as the
 # first CTE of the write's statement: the row, still running under that
-# token, held FOR SHARE to the end of the statement's transaction, so no
-# claim (which takes the row FOR UPDATE and moves the token) can land
-# between this check and the write. An empty `fence` means the write must
+# token, updated (so locked to the end of the statement's transaction, and
+# re-checked on its latest version if it changed since the statement's
+# snapshot), so no claim (which takes the row FOR UPDATE and moves the
+# token) can land between this check and the write. The update takes the
+# place of the write's event in the history (`event_seq`; unused when the
+# write turns out to write nothing). An empty `fence` means the write must
 # write nothing; its `interrupt` is a pending cancel or a passed deadline.
 FENCE_CTE = f"""fence AS (
-    SELECT execution_id, {INTERRUPT_SQL} FROM executions
+    UPDATE executions SET event_seq = event_seq + 1
     WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
       AND token = $2 AND status = 'running'
-    FOR SHARE
+    RETURNING execution_id, event_seq, {INTERRUPT_SQL}
 )"""
 
 
+# The refusal's event, its place taken on the execution's row (none when the
+# row is gone: retention deleted the execution and its history).
 _REJECTED = OnShard("fenced_write_rejected", """
-INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-VALUES (""" + NEXT_EVENT_ID + """, $1, fencepost_bucket($1), 'fenced_write_rejected', $2,
-        jsonb_build_object('stepKey', $3::text))
+WITH placed AS (
+    UPDATE executions SET event_seq = event_seq + 1
+    WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+    RETURNING event_seq
+)
+INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+SELECT """ + NEXT_EVENT_ID + """, $1, fencepost_bucket($1), event_seq, 'fenced_write_rejected',
+       $2, jsonb_build_object('stepKey', $3::text)
+FROM placed
 RETURNING event_id
 """, ("text", "bigint", "text"), (("event_id", "bigint"),))
 

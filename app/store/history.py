@@ -43,6 +43,17 @@ from app.store.types import (
 # Ended executions past retention ($1: seconds since their last update; $2:
 # at most that many) deleted with what hangs off them, each leaving its
 # tombstone in the same statement.
+# Where a page of execution $1's history continues: after the place of its
+# event $2 (an eventId a client was given). A number that is not one of its
+# event IDs continues after the last event with a lower ID (0: from the
+# start), as when event IDs were the order.
+_PLACE_AFTER = """coalesce(
+    (SELECT a.seq FROM execution_events a
+     WHERE a.event_id = $2 AND a.bucket = fencepost_bucket($1) AND a.execution_id = $1),
+    (SELECT max(a.seq) FROM execution_events a
+     WHERE a.execution_id = $1 AND a.bucket = fencepost_bucket($1) AND a.event_id < $2),
+    0)"""
+
 _PRUNE = OnShard("prune", """
 WITH doomed AS (
     -- On Citus: of one shard (prune_terminal visits each shard).
@@ -235,8 +246,8 @@ class History(StoreObject):
     async def events(self, execution_id: str) -> builtins.list[EventRecord]:
         rows = await self.db.fetch(
             """
-            SELECT event_id, at, kind, token, detail FROM execution_events
-            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) ORDER BY event_id
+            SELECT event_id, seq, at, kind, token, detail FROM execution_events
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) ORDER BY seq
             """,
             execution_id,
         )
@@ -287,10 +298,11 @@ class History(StoreObject):
 
     async def events_page(self, execution_id: str, *, after: int, limit: int) -> builtins.list[EventRecord]:
         rows = await self.db.fetch(
-            """
-            SELECT event_id, at, kind, token, detail FROM execution_events
-            WHERE execution_id = $1 AND bucket = fencepost_bucket($1) AND event_id > $2
-            ORDER BY event_id LIMIT $3
+            f"""
+            SELECT event_id, seq, at, kind, token, detail FROM execution_events
+            WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+              AND seq > {_PLACE_AFTER}
+            ORDER BY seq LIMIT $3
             """,
             execution_id,
             after,
@@ -309,17 +321,17 @@ class History(StoreObject):
         """Events after `after`, oldest first; None when the execution does
         not exist or (with `owner`) was admitted by another token."""
         rows = await self.db.fetch(
-            """
-            SELECT ev.event_id, ev.at, ev.kind, ev.token, ev.detail
+            f"""
+            SELECT ev.event_id, ev.seq, ev.at, ev.kind, ev.token, ev.detail
             FROM (SELECT execution_id, bucket FROM executions
                   WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
                     AND ($4::text IS NULL OR admitted_by = $4)) e
             LEFT JOIN LATERAL (
-                SELECT event_id, at, kind, token, detail FROM execution_events
+                SELECT event_id, seq, at, kind, token, detail FROM execution_events
                 -- The execution's bucket as a constant (not e.bucket): Citus routes on it.
                 WHERE execution_id = e.execution_id AND bucket = fencepost_bucket($1)
-                  AND event_id > $2
-                ORDER BY event_id LIMIT $3
+                  AND seq > {_PLACE_AFTER}
+                ORDER BY seq LIMIT $3
             ) ev ON true
             """,
             execution_id, after, limit, owner,

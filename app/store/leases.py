@@ -160,24 +160,27 @@ _ACK_WRITE = """
         unacknowledged_deliveries = 0,
         last_unacknowledged_at = NULL,
         redeliver_after = NULL,
+        -- The places of the acknowledgement's events (at most two: see ev).
+        event_seq = e.event_seq + 2,
         updated_at = now()
     FROM ready i
     WHERE e.execution_id = i.execution_id AND e.bucket = fencepost_bucket(i.execution_id)
       AND e.token = i.token AND e.status = 'running'
     RETURNING i.n, i.reported, i.traceback, e.execution_id, e.token, e.status, e.outcome,
               e.due_at, e.parent_execution_id, e.workflow_id,
-              extract(epoch FROM now() - e.admitted_at) AS age
+              extract(epoch FROM now() - e.admitted_at) AS age, e.event_seq
 )"""
 _ACK_EVENTS = """
     ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'acknowledged',
-           token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), event_seq - 1,
+           'acknowledged', token,
            jsonb_strip_nulls(jsonb_build_object(
                'status', status, 'reported', reported, 'traceback', traceback))
     FROM a
     UNION ALL
-    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), status, token, NULL
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), event_seq, status,
+           token, NULL
     FROM a
     WHERE status IN ('cancelled', 'timed_out')
 )"""
@@ -343,18 +346,16 @@ WITH held AS (
               extract(epoch FROM fencepost_cleanup_ends(
                   e.cancel_requested_at, e.deadline, e.cleanup_seconds)
                   - now())::float8 AS remaining
-), ev AS (
+), lost AS (
     -- Lost to a newer claim or to the reaper; a lease this holder has just
     -- ended itself (acknowledged: same token, counter 0; or released) is
-    -- not news.
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token)
-    SELECT """ + NEXT_EVENT_ID + """, h.execution_id, fencepost_bucket(h.execution_id),
-           'renewal_lost', h.token
+    -- not news. Its event's place taken on the row `free` locked (never one
+    -- `renewed` wrote: a row is updated once per statement).
+    UPDATE executions e SET event_seq = e.event_seq + 1
     FROM held h
-    JOIN executions e
-        ON e.execution_id = h.execution_id
-       AND e.bucket = fencepost_bucket(h.execution_id)
-    WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
+    WHERE e.execution_id = h.execution_id
+      AND e.bucket = fencepost_bucket(h.execution_id)
+      AND NOT EXISTS (SELECT 1 FROM renewed r WHERE r.execution_id = h.execution_id)
       AND h.execution_id IN (SELECT execution_id FROM free)
       AND (e.token <> h.token OR e.unacknowledged_deliveries > 0)
       AND NOT EXISTS (SELECT 1 FROM execution_events x
@@ -362,6 +363,12 @@ WITH held AS (
                         AND x.bucket = fencepost_bucket(h.execution_id)
                         AND x.token = h.token
                         AND x.kind = 'released')
+    RETURNING h.execution_id, h.token, e.event_seq
+), ev AS (
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token)
+    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id), event_seq,
+           'renewal_lost', token
+    FROM lost
 )
 SELECT execution_id, token, lease_expires_at, interrupt, remaining, false AS busy
 FROM renewed
@@ -395,13 +402,14 @@ WITH expired AS (
         covered_due_at = NULL,
         lease_owner = NULL,
         lease_expires_at = NULL,
+        event_seq = e.event_seq + 1,
         updated_at = now()
     FROM expired x
     WHERE e.execution_id = x.execution_id AND e.bucket = x.bucket
-    RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner
+    RETURNING e.execution_id, e.token, e.last_unacknowledged_at, x.old_owner, e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id),
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id), event_seq,
            'lease_expired', token,
            jsonb_build_object('owner', old_owner, 'expiredAt', last_unacknowledged_at)
     FROM r
@@ -427,13 +435,14 @@ WITH r AS (
         covered_due_at = NULL,
         lease_owner = NULL,
         lease_expires_at = NULL,
+        event_seq = event_seq + 1,
         updated_at = now()
     WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
       AND token = $2 AND status = 'running'
-    RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after
+    RETURNING execution_id, token, unacknowledged_deliveries, redeliver_after, event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id),
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT """ + NEXT_EVENT_ID + """, execution_id, fencepost_bucket(execution_id), event_seq,
            'released', token,
            jsonb_strip_nulls(jsonb_build_object(
                'unacknowledgedDeliveries', unacknowledged_deliveries,
@@ -457,7 +466,7 @@ WITH r AS (
             AND step_key IS NULL
           ORDER BY attempt_id DESC OFFSET $6 - 1 LIMIT 1)
 )
-SELECT * FROM r
+SELECT execution_id, token, unacknowledged_deliveries, redeliver_after FROM r
 """, ("text", "bigint", "float8", "float8", "jsonb", "integer"), (
     ("execution_id", "text"), ("token", "bigint"), ("unacknowledged_deliveries", "integer"),
     ("redeliver_after", "timestamptz")))
@@ -627,6 +636,8 @@ WITH lim AS MATERIALIZED (
             THEN least(e.covered_due_at, e.due_at) ELSE e.due_at END,
         due_at = NULL,
         redeliver_after = NULL,
+        -- The places of this claim's events in the history (see `ev`).
+        event_seq = e.event_seq + 1 + (p.how = 'expired')::int,
         updated_at = now()
     FROM picked p
     WHERE e.execution_id = p.execution_id AND e.bucket = p.bucket
@@ -639,16 +650,17 @@ WITH lim AS MATERIALIZED (
               (e.token > 1 OR e.forked_from IS NOT NULL) AS has_history,
               e.traceparent, e.queue, e.concurrency_key, p.starts, p.takes_slot,
               p.slot_limited, p.start_limited,
-              extract(epoch FROM e.updated_at - e.admitted_at) AS since_admitted
+              extract(epoch FROM e.updated_at - e.admitted_at) AS since_admitted,
+              e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'lease_expired',
-           token - 1,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), event_seq - 1,
+           'lease_expired', token - 1,
            jsonb_build_object('owner', old_owner, 'expiredAt', old_expiry)
     FROM claimed WHERE how = 'expired'
     UNION ALL
-    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), 'claimed', token,
-           jsonb_build_object('owner', $3::text)
+    SELECT {next_event}, execution_id, fencepost_bucket(execution_id), event_seq, 'claimed',
+           token, jsonb_build_object('owner', $3::text)
     FROM claimed
 ), next_due AS (
     -- The earliest due time still to come, whoever may run it (one
@@ -705,7 +717,8 @@ _CLAIM_ON_SHARD = OnShard("claim", _CLAIM_TEMPLATE.format(
     ("interrupt", "text"), ("cleanup_ends", "timestamptz"), ("has_history", "boolean"),
     ("traceparent", "text"), ("queue", "text"), ("concurrency_key", "text"),
     ("starts", "boolean"), ("takes_slot", "boolean"), ("slot_limited", "boolean"),
-    ("start_limited", "boolean"), ("since_admitted", "numeric"), ("next_due_in", "float8")))
+    ("start_limited", "boolean"), ("since_admitted", "numeric"), ("event_seq", "bigint"),
+    ("next_due_in", "float8")))
 
 
 class Claimed(list[Delivery]):

@@ -67,15 +67,16 @@ WITH target AS (
     UPDATE executions x
     SET status = CASE WHEN x.ever_suspended THEN 'suspended' ELSE 'admitted' END,
         parked_reason = NULL, parked_step = NULL,
-        due_at = now(), updated_at = now()
+        due_at = now(), event_seq = x.event_seq + 1, updated_at = now()
     FROM target t
     WHERE x.execution_id = t.execution_id AND x.bucket = fencepost_bucket($1)
-    RETURNING x.execution_id, x.token, x.status
+    RETURNING x.execution_id, x.token, x.status, x.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
     -- The decided value is part of the decision's record: an explicit
     -- null result stays a key with null, retry records neither.
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), 'resolved', token,
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq,
+           'resolved', token,
            jsonb_build_object('stepKey', $2::text, 'action', $3::text, 'by', $6::text)
            || CASE $3 WHEN 'succeed' THEN jsonb_build_object('result', $4::jsonb)
                       WHEN 'fail' THEN jsonb_build_object('error', $5::jsonb)
@@ -97,13 +98,15 @@ WITH p AS (
     UPDATE executions e
     SET status = CASE WHEN e.ever_suspended THEN 'suspended' ELSE 'admitted' END,
         parked_reason = NULL, parked_step = NULL, parked_detail = NULL,
-        redeliver_after = NULL, due_at = now(), updated_at = now()
+        redeliver_after = NULL, due_at = now(), event_seq = e.event_seq + 1,
+        updated_at = now()
     FROM p WHERE e.execution_id = p.execution_id AND e.bucket = fencepost_bucket($1)
     RETURNING e.execution_id, e.token, e.status, e.unacknowledged_deliveries,
-              p.parked_reason
+              p.parked_reason, e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), 'resumed', token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq,
+           'resumed', token,
            jsonb_build_object('by', $2::text,
                               'unacknowledgedDeliveries', unacknowledged_deliveries)
            -- A poison resume's detail is as it always was.
@@ -124,14 +127,16 @@ WITH target AS (
       AND ($3::text IS NULL OR admitted_by = $3)
 ), w AS (
     UPDATE executions AS x
-    SET due_at = least(x.due_at, coalesce($2::timestamptz, now())), updated_at = now()
+    SET due_at = least(x.due_at, coalesce($2::timestamptz, now())),
+        event_seq = x.event_seq + 1, updated_at = now()
     WHERE x.execution_id = $1 AND x.bucket = fencepost_bucket($1)
       AND x.status NOT IN {TERMINAL_SQL}
       AND ($3::text IS NULL OR x.admitted_by = $3)
-    RETURNING x.execution_id, x.due_at
+    RETURNING x.execution_id, x.due_at, x.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), 'wake_requested',
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq,
+           'wake_requested',
            jsonb_build_object('at', coalesce($2::timestamptz, now()))
     FROM w
 )
@@ -305,15 +310,18 @@ WITH c AS (
         due_at = CASE WHEN {_HELD} THEN e.due_at WHEN {_CLEANS} THEN now() END,
         covered_due_at = CASE WHEN {_HELD} THEN e.covered_due_at END,
         parked_reason = NULL, parked_step = NULL, redeliver_after = NULL,
+        -- The places of the (at most two) events below.
+        event_seq = e.event_seq + 2,
         updated_at = now()
     WHERE e.execution_id = ANY($1::text[]) AND e.bucket = fencepost_bucket(e.execution_id)
       AND e.status NOT IN {TERMINAL_SQL}
-    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.due_at
+    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.due_at, e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), kind, token, detail
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), seq, kind, token,
+           detail
     FROM (
-        SELECT execution_id, 'cancel_requested' AS kind, token,
+        SELECT execution_id, event_seq - 1 AS seq, 'cancel_requested' AS kind, token,
                jsonb_strip_nulls(jsonb_build_object(
                    'by', $2::text,
                    'terminate', CASE WHEN $3 THEN true END,
@@ -321,7 +329,7 @@ WITH c AS (
                                              THEN parent_execution_id END)) AS detail
         FROM c
         UNION ALL
-        SELECT execution_id, 'cancelled', token, jsonb_build_object('by', $2::text)
+        SELECT execution_id, event_seq, 'cancelled', token, jsonb_build_object('by', $2::text)
         FROM c WHERE status = 'cancelled'
     ) AS written
 )

@@ -82,13 +82,16 @@ WITH target AS (
         -- a terminal one has none.
         due_at = CASE WHEN {_END} = 'parked' THEN e.due_at END,
         redeliver_after = NULL,
+        event_seq = e.event_seq + 1,
         updated_at = now()
     FROM target t
     WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
-    RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries, e.parent_execution_id
+    RETURNING e.execution_id, e.status, e.token, e.unacknowledged_deliveries, e.parent_execution_id,
+              e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq, status,
+           token,
            CASE WHEN status = 'parked'
                 -- The last reasons the history holds (Retry reasons, failed
                 -- attempts), newest first: what the operator reads first.
@@ -136,13 +139,15 @@ WITH target AS (
         outcome = CASE WHEN e.cancel_requested_at IS NOT NULL THEN {CANCELLED_OUTCOME}
                        ELSE {TIMED_OUT_OUTCOME} END,
         due_at = NULL, redeliver_after = NULL, parked_reason = NULL, parked_step = NULL,
-        updated_at = now()
+        event_seq = e.event_seq + 1, updated_at = now()
     FROM target t
     WHERE e.execution_id = t.execution_id AND e.bucket = t.bucket
-    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id
+    RETURNING e.execution_id, e.token, e.status, e.parent_execution_id, e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), status, token FROM s
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq, status,
+           token
+    FROM s
 )
 SELECT execution_id, status, parent_execution_id, {_WATCHED}
 FROM s

@@ -86,6 +86,7 @@ class EventRecord(TypedDict):
     """One event of an execution's history, in the order written."""
 
     event_id: int
+    seq: int  # its place in the history: the order (increasing, with gaps)
     at: datetime
     kind: str
     token: int | None

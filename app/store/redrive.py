@@ -62,9 +62,10 @@ WITH cut AS (
         waiting_on = NULL,
         unacknowledged_deliveries = 0, last_unacknowledged_at = NULL,
         redrives = e.redrives + 1,
+        event_seq = e.event_seq + 1,
         updated_at = now()
     WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
-    RETURNING e.execution_id, e.status, e.token, e.redrives, e.deadline
+    RETURNING e.execution_id, e.status, e.token, e.redrives, e.deadline, e.event_seq
 ), kept AS (
     INSERT INTO superseded_steps (superseded_id, execution_id, bucket, step_key, status,
                                   value, error, function_name, attempts, token,
@@ -90,9 +91,9 @@ WITH cut AS (
            AS keys
     FROM moved
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, ex.execution_id, fencepost_bucket(ex.execution_id), 'redriven',
-           ex.token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, ex.execution_id, fencepost_bucket(ex.execution_id), ex.event_seq,
+           'redriven', ex.token,
            jsonb_strip_nulls(jsonb_build_object(
                'by', $3::text, 'reason', $6::text, 'fromStep', $2::text,
                'redrive', ex.redrives, 'deadline', ex.deadline,
@@ -216,12 +217,12 @@ class Redrives(StoreObject):
                 INSERT INTO executions (execution_id, bucket, workflow_id, params, context,
                                         code_version, admitted_by, status, due_at, deadline,
                                         forked_from, forked_from_step, queue, concurrency_key,
-                                        priority)
+                                        priority, event_seq)
                 -- A fork runs under its source's flow control.
                 SELECT $3, fencepost_bucket($3), src.workflow_id,
                        coalesce($4::jsonb, src.params), src.context, src.code_version, $6,
                        'admitted', now(), now() + make_interval(secs => $7::float8), $1, $2,
-                       src.queue, src.concurrency_key, src.priority
+                       src.queue, src.concurrency_key, src.priority, 1
                 FROM src
                 WHERE NOT EXISTS (SELECT 1 FROM retired_executions
                                   WHERE execution_id = $3 AND bucket = fencepost_bucket($3))
@@ -251,19 +252,25 @@ class Redrives(StoreObject):
             ), keys AS (
                 SELECT coalesce(jsonb_agg(step_key ORDER BY recorded_at, step_key), '[]') AS keys
                 FROM copied
+            ), placed AS (
+                -- The place of the source's `forked` event, on its row.
+                UPDATE executions SET event_seq = event_seq + 1
+                WHERE execution_id = $1 AND bucket = fencepost_bucket($1)
+                  AND EXISTS (SELECT 1 FROM ins)
+                RETURNING event_seq
             ), ev AS (
-                INSERT INTO execution_events (execution_id, bucket, kind, token, detail)
-                SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 'admitted',
+                INSERT INTO execution_events (execution_id, bucket, seq, kind, token, detail)
+                SELECT ins.execution_id, fencepost_bucket(ins.execution_id), 1, 'admitted',
                        NULL::bigint,
                        jsonb_build_object('workflowId', src.workflow_id, 'by', $5::text,
                                           'forkedFrom', $1::text, 'fromStep', $2::text,
                                           'copied', keys.keys)
                 FROM ins, keys, src
                 UNION ALL
-                SELECT $1, fencepost_bucket($1), 'forked', NULL,
+                SELECT $1, fencepost_bucket($1), placed.event_seq, 'forked', NULL,
                        jsonb_build_object('by', $5::text, 'executionId', ins.execution_id,
                                           'fromStep', $2::text)
-                FROM ins
+                FROM ins, placed
             )
             SELECT ins.execution_id, ins.status, keys.keys,
                    pg_notify('{NOTIFY_CHANNEL}', '') AS notified

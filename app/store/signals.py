@@ -62,18 +62,20 @@ WITH pending AS (
     WHERE $7::bigint IS NULL OR pending.n < $7
     RETURNING signal_id
 ), wake AS (
-    UPDATE executions AS e SET due_at = least(e.due_at, now()), updated_at = now()
+    UPDATE executions AS e SET due_at = least(e.due_at, now()), event_seq = e.event_seq + 1,
+                               updated_at = now()
     FROM sig
     WHERE e.execution_id = $1 AND e.bucket = fencepost_bucket($1)
+    RETURNING e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'signal_received',
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), wake.event_seq, 'signal_received',
            jsonb_build_object('name', $2::text, 'signalId', signal_id,
                               'sender', CASE WHEN $5::text IS NULL THEN NULL ELSE
                                   jsonb_build_object('tokenId', $4::text,
                                                      'name', $5::text,
                                                      'role', $6::text) END)
-    FROM sig
+    FROM sig, wake
 )
 -- On Citus this NOTIFY reaches no one (it runs on a worker node):
 -- the caller sends its own (tell_claimers).
@@ -117,8 +119,9 @@ WITH {FENCE_CTE}, recorded AS (
            $6, $2, $7 FROM taken
     RETURNING step_key, status, value, error, function_name, attempts, token, recorded_at
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'signal_consumed', $2,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), (SELECT event_seq FROM fence),
+           'signal_consumed', $2,
            jsonb_build_object('name', $4::text, 'stepKey', $3::text,
                               'signalId', signal_id)
     FROM taken

@@ -68,14 +68,15 @@ WITH cmp AS (
     FROM cmp
     RETURNING observation_id, conflict
 ), counted AS (
-    UPDATE executions AS x SET integrity_conflicts = x.integrity_conflicts + 1
+    UPDATE executions AS x SET integrity_conflicts = x.integrity_conflicts + 1,
+                               event_seq = x.event_seq + 1
     WHERE x.execution_id = $1 AND x.bucket = fencepost_bucket($1) AND (SELECT conflict FROM obs)
-    RETURNING 1
+    RETURNING x.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'integrity_conflict', $3,
-           jsonb_build_object('stepKey', $2::text, 'observationId', observation_id)
-    FROM obs WHERE conflict
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), counted.event_seq, 'integrity_conflict',
+           $3, jsonb_build_object('stepKey', $2::text, 'observationId', observation_id)
+    FROM obs, counted WHERE conflict
 )
 SELECT conflict FROM obs
 """, ("text", "text", "bigint", "text", "jsonb", "jsonb", "boolean"), (("conflict", "boolean"),))
@@ -84,8 +85,8 @@ SELECT conflict FROM obs
 # Failed attempts kept per step (and Retry reasons per execution).
 ATTEMPT_HISTORY = 20
 
-# A failed attempt of step $3 kept, fenced (the token checked on the row held
-# FOR SHARE), with its event; the step's history trimmed to its last $6
+# A failed attempt of step $3 kept, fenced (the token checked on the row the
+# fence updates), with its event; the step's history trimmed to its last $6
 # attempts, all in one statement on the execution's shard.
 _RECORD_ATTEMPT = OnShard("record_attempt", f"""
 WITH {FENCE_CTE}, ins AS (
@@ -104,8 +105,9 @@ WITH {FENCE_CTE}, ins AS (
             AND k.step_key = $3
           ORDER BY k.attempt_id DESC OFFSET $6 - 1 LIMIT 1)
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), 'attempt_failed', $2,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, $1, fencepost_bucket($1), (SELECT event_seq FROM fence),
+           'attempt_failed', $2,
            jsonb_build_object('stepKey', $3::text, 'attempt', $4::int, 'error', $5::jsonb)
     FROM ins
 )
@@ -173,7 +175,8 @@ class TimerWritten:
 
 # The fence of a batch of writes, `input` (one row per write, numbered `ord`;
 # $1 the writes' execution IDs). Where it is atomic: `locked` takes each
-# execution row of the batch FOR SHARE, once, while it is still `running`
+# execution row of the batch FOR NO KEY UPDATE (`placed` writes the events'
+# places on it), once, while it is still `running`
 # (re-checked on the row's latest version if it changed since the
 # statement's snapshot), and holds it to commit; `fence` then compares each
 # write's token with that locked row. A claim must lock the row FOR UPDATE to
@@ -200,7 +203,7 @@ locked AS (
     -- Citus: a batch spans buckets.
     WHERE e.execution_id = ANY($1::text[]) AND e.status = 'running'
     ORDER BY e.execution_id
-    FOR SHARE OF e {skip}
+    FOR NO KEY UPDATE OF e {skip}
 ), fence AS (
     SELECT i.ord, l.interrupt
     FROM input i JOIN locked l ON l.execution_id = i.execution_id AND l.token = i.token
@@ -208,6 +211,13 @@ locked AS (
     SELECT DISTINCT ON (i.execution_id, i.step_key) i.*
     FROM input i JOIN fence f USING (ord)
     ORDER BY i.execution_id, i.step_key, i.ord
+), placed AS (
+    -- The places of the fenced writes' events in their histories, taken on
+    -- the rows `locked` holds: `base` + 1.. in the order the writes were given.
+    UPDATE executions e SET event_seq = e.event_seq + n.writes
+    FROM (SELECT execution_id, count(*) AS writes FROM first GROUP BY execution_id) n
+    WHERE e.execution_id = n.execution_id AND e.bucket = fencepost_bucket(n.execution_id)
+    RETURNING e.execution_id, e.event_seq - n.writes AS base
 )"""
 
 # Per answer row (input `i`, fence `f`): a write neither fenced nor refused,
@@ -241,11 +251,12 @@ WITH input AS (
     RETURNING execution_id, step_key, status, value, error, function_name, attempts, token,
               recorded_at
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
     SELECT {next_event_id}, ins.execution_id, fencepost_bucket(ins.execution_id),
+           p.base + row_number() OVER (PARTITION BY ins.execution_id ORDER BY first.ord),
            'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', ins.status)
-    FROM ins JOIN first USING (execution_id, step_key)
+    FROM ins JOIN first USING (execution_id, step_key) JOIN placed p USING (execution_id)
     ORDER BY first.ord
 )
 SELECT f.ord IS NOT NULL AS fenced, f.interrupt, ins.step_key, ins.status, ins.value,
@@ -278,12 +289,13 @@ WITH input AS (
     ON CONFLICT (execution_id, step_key, bucket) DO NOTHING
     RETURNING execution_id, step_key, value, token
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
     SELECT {next_event_id}, ins.execution_id, fencepost_bucket(ins.execution_id),
+           p.base + row_number() OVER (PARTITION BY ins.execution_id ORDER BY first.ord),
            'step_recorded', ins.token,
            jsonb_build_object('stepKey', ins.step_key, 'status', 'completed',
                               'wakeAt', ins.value)
-    FROM ins JOIN first USING (execution_id, step_key)
+    FROM ins JOIN first USING (execution_id, step_key) JOIN placed p USING (execution_id)
     ORDER BY first.ord
 )
 SELECT f.ord IS NOT NULL AS fenced, f.interrupt, coalesce(ins.value, s.value) AS value,
@@ -629,7 +641,7 @@ class Steps(StoreObject):
         """Record a step result under the lease, or return the one already
         recorded (idempotent for the current holder). Stale → LeaseLost.
 
-        FOR SHARE on the execution row conflicts with the claim's row lock:
+        The lock on the execution row conflicts with the claim's row lock:
         either this statement locks first, and a claim skips the row until this
         step has committed (so the next holder sees it), or the claim commits
         first and the token check here re-reads the row and fails. Check and

@@ -64,14 +64,16 @@ WITH cur AS (
         parked_detail = CASE WHEN c.unpark THEN NULL ELSE e.parked_detail END,
         redeliver_after = CASE WHEN c.unpark THEN NULL ELSE e.redeliver_after END,
         due_at = CASE WHEN c.unpark THEN now() ELSE e.due_at END,
+        event_seq = e.event_seq + 1,
         updated_at = now()
     FROM cur c
     WHERE e.execution_id = c.execution_id AND e.bucket = fencepost_bucket($1)
     RETURNING e.execution_id, e.token, e.status, c.code_version AS from_version,
-              c.unpark
+              c.unpark, e.event_seq
 ), ev AS (
-    INSERT INTO execution_events (event_id, execution_id, bucket, kind, token, detail)
-    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), 'version_moved', token,
+    INSERT INTO execution_events (event_id, execution_id, bucket, seq, kind, token, detail)
+    SELECT {NEXT_EVENT_ID}, execution_id, fencepost_bucket(execution_id), event_seq,
+           'version_moved', token,
            jsonb_build_object('from', from_version, 'to', $2::text,
                               'by', $3::text, 'check', $4::text)
            || CASE WHEN $5::text IS NULL THEN '{{}}'::jsonb

@@ -14,7 +14,7 @@ taken over within about two seconds), and then for `--duration` seconds:
 
 After the admission window it stops killing, waits (at most `--drain-timeout`
 seconds) until every admitted execution is terminal, and verifies from the
-database (events ordered by event_id within an execution):
+database (events in their execution's order, `seq`):
 
 - non_terminal: executions of this run not terminal (must be 0);
 - completions == admissions, every result correct;

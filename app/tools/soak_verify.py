@@ -1,5 +1,5 @@
-"""The soak's verification, from the database alone (events ordered by
-event_id within an execution): every admitted execution ended once with the
+"""The soak's verification, from the database alone (events in their
+execution's order, `seq`): every admitted execution ended once with the
 right result, no stale write was accepted, no step was recorded twice, and
 each step row carries the token of its event."""
 
@@ -29,21 +29,21 @@ async def wait_terminal(conn: asyncpg.Connection, pattern: str, timeout: float) 
 
 STALE_SQL = """
 -- Citus: executions by an ID pattern, of every bucket (multi-shard)
-SELECT w.execution_id, w.event_id, w.kind, w.token, w.detail::text AS detail,
+SELECT w.execution_id, w.event_id, w.seq, w.kind, w.token, w.detail::text AS detail,
        CASE
          WHEN EXISTS (SELECT 1 FROM execution_events c
                       WHERE c.execution_id = w.execution_id AND c.bucket = w.bucket
-                        AND c.event_id < w.event_id AND c.kind = 'claimed' AND c.token > w.token)
+                        AND c.seq < w.seq AND c.kind = 'claimed' AND c.token > w.token)
            THEN 'after a newer claim'
          WHEN EXISTS (SELECT 1 FROM execution_events x
                       WHERE x.execution_id = w.execution_id AND x.bucket = w.bucket
-                        AND x.event_id < w.event_id
+                        AND x.seq < w.seq
                         AND x.kind IN ('acknowledged', 'released', 'lease_expired')
                         AND x.token = w.token)
            THEN 'after its lease ended'
          WHEN NOT EXISTS (SELECT 1 FROM execution_events c
                           WHERE c.execution_id = w.execution_id AND c.bucket = w.bucket
-                            AND c.event_id < w.event_id AND c.kind = 'claimed'
+                            AND c.seq < w.seq AND c.kind = 'claimed'
                             AND c.token = w.token)
            THEN 'without a claim'
        END AS why
@@ -68,11 +68,11 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
         WHERE c.execution_id LIKE $1 AND c.kind = 'claimed' AND EXISTS (
             SELECT 1 FROM execution_events x
             WHERE x.execution_id = c.execution_id AND x.bucket = c.bucket
-              AND x.event_id < c.event_id
+              AND x.seq < c.seq
               AND x.kind = 'lease_expired' AND x.token = c.token - 1)
         """, pattern)
     stale = [dict(r) for r in await conn.fetch(
-        f"SELECT * FROM ({STALE_SQL}) s WHERE why IS NOT NULL ORDER BY execution_id, event_id",
+        f"SELECT * FROM ({STALE_SQL}) s WHERE why IS NOT NULL ORDER BY execution_id, seq",
         pattern)]
     twice = [dict(r) for r in await conn.fetch(
         """
@@ -86,7 +86,7 @@ async def verify(conn: asyncpg.Connection, pattern: str, admitted: list[str]) ->
         """
         -- Citus: executions by an ID pattern, of every bucket (multi-shard)
         SELECT e.execution_id, k.step_key, s.token AS row_token,
-               (SELECT array_agg(v.token ORDER BY v.event_id) FROM execution_events v
+               (SELECT array_agg(v.token ORDER BY v.seq) FROM execution_events v
                 WHERE v.execution_id = e.execution_id AND v.bucket = e.bucket
                   AND v.kind = 'step_recorded' AND v.detail->>'stepKey' = k.step_key
                ) AS event_tokens

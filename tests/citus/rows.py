@@ -20,10 +20,10 @@ def lease(eid: str, token: int) -> Lease:
 
 
 async def event_kinds(pool: asyncpg.Pool, eid: str) -> list[str]:
-    """The kinds of `eid`'s events, in the history's order (by event ID)."""
+    """The kinds of `eid`'s events, in the history's order (`seq`)."""
     return [r["kind"] for r in await pool.fetch(
         "SELECT kind FROM execution_events WHERE execution_id = $1 "
-        "AND bucket = fencepost_bucket($1) ORDER BY event_id", eid)]
+        "AND bucket = fencepost_bucket($1) ORDER BY seq", eid)]
 
 
 async def insert(pool: asyncpg.Pool, eid: str, status: str, *, token: int = 1,

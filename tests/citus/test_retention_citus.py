@@ -26,8 +26,8 @@ async def test_ended_executions_past_retention_are_retired_in_every_shard(
             "3, now() - CASE WHEN $1 = 'recent' THEN interval '0' ELSE interval '30 days' END)",
             eid, "admitted" if eid == "old-but-open" else "completed")
     await pool.execute(
-        "INSERT INTO execution_events (execution_id, bucket, kind, token) "
-        "SELECT x, fencepost_bucket(x), 'claimed', 3 FROM unnest($1::text[]) x", old)
+        "INSERT INTO execution_events (execution_id, bucket, kind, token, seq) "
+        "SELECT x, fencepost_bucket(x), 'claimed', 3, 1000 FROM unnest($1::text[]) x", old)
     pruned = await RetentionPruner(store, retention_seconds=14 * 86400, batch=5).run_once()
     assert pruned == len(old)
     left = {r["execution_id"] for r in await pool.fetch("SELECT execution_id FROM executions")}

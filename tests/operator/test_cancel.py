@@ -15,7 +15,7 @@ from app.store import ExecutionStore, LeaseLost
 from tests.operator import flows
 from tests.support.admission import admit
 from tests.support.history import event_count, events_of, kinds
-from tests.support.races import Outcomes, RowLock, StatementGate, until_waiting
+from tests.support.races import STEP_WRITE, Outcomes, RowLock, StatementGate, until_waiting
 from tests.support.responses import assert_error, get_record
 from tests.support.waiting import wait_status
 
@@ -247,7 +247,7 @@ async def test_cancel_racing_completion_with_a_worker_in_each_order(
             cancel = asyncio.create_task(api.post(f"/v1/executions/{eid}/cancel"))
             await gate.until_held(also=cancel.done)  # the cancel request, row locked
             flows.GATES[eid].set()
-            await until_waiting(pool, 1, "row", query="execution_steps",
+            await until_waiting(pool, 1, "row", query=STEP_WRITE,
                                 what="the holder's step write behind the cancel",
                                 also=cancel.done)
         assert not cancel.done()

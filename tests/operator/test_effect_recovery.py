@@ -20,6 +20,7 @@ from app.store import ExecutionStore
 from tests.operator.procs import LEASE_SECONDS, Procs
 from tests.support.admission import admit
 from tests.support.history import events_of
+from tests.support.races import until_waiting
 from tests.support.responses import get_record
 from tests.support.waiting import wait_status, wait_until
 
@@ -233,8 +234,9 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
         steps_before = await pool.fetch(
             "SELECT * FROM execution_steps WHERE execution_id = $1 ORDER BY step_key", eid)
         if hold_renewals:
-            # A's renewals skip a row locked FOR SHARE (neither renewed nor
-            # lost), its fenced step write does not: the write is what tells A.
+            # A's renewals skip a row another transaction holds (neither
+            # renewed nor lost), A's fenced step write waits for it: let go
+            # once the write waits, the write is what tells A.
             holder = await pool.acquire()
             held_lock = holder.transaction()
             await held_lock.start()
@@ -247,10 +249,13 @@ async def sigstop_inside_the_effect(procs: Procs, store: ExecutionStore, pool: a
                        for e in await events_of(store, eid, "fenced_write_rejected"))
 
         try:
-            await wait_until(a_rejected, timeout=20, what="A's fenced write rejected")
+            # (The write, or the record of its refusal: the row is no
+            # longer running, so the write itself holds nothing.)
+            await until_waiting(pool, 1, "row", what="A's step write")
         finally:
             await held_lock.commit()
             await pool.release(holder)
+        await wait_until(a_rejected, timeout=20, what="A's fenced write rejected")
 
     async def late() -> list[dict]:
         return (await api.get(f"/v1/executions/{eid}/late-observations")).json()[

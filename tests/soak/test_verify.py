@@ -28,11 +28,13 @@ async def _execution(conn, eid: str, status: str, n: int = 1, result_n: int | No
 
 
 async def _events(conn, eid: str, *events: tuple):
-    """(kind, token) or (kind, token, detail) in event_id order."""
+    """(kind, token) or (kind, token, detail) in history order."""
     for kind, token, *rest in events:
         await conn.execute(
-            "INSERT INTO execution_events (execution_id, bucket, kind, token, detail) "
-            "VALUES ($1, fencepost_bucket($1), $2, $3, $4::jsonb)",
+            "INSERT INTO execution_events (execution_id, bucket, kind, token, detail, seq) "
+            "VALUES ($1, fencepost_bucket($1), $2, $3, $4::jsonb, "
+            "        (SELECT count(*) + 1 FROM execution_events "
+            "         WHERE execution_id = $1 AND bucket = fencepost_bucket($1)))",
             eid, kind, token, json.dumps(rest[0]) if rest else None)
 
 

@@ -28,7 +28,7 @@ from app.store.group_commit import GroupCommit
 from app.store.steps import StepWrite, write_steps
 from tests.support.admission import admitting
 from tests.support.claims import claim, claim_one
-from tests.support.races import Outcomes, StatementGate, until_waiting
+from tests.support.races import STEP_WRITE, Outcomes, StatementGate, until_waiting
 from tests.support.waiting import wait_until
 
 admit = admitting("grouped")
@@ -395,7 +395,7 @@ async def test_a_row_held_elsewhere_holds_back_only_its_own_write(
         # the held row's own write waits for the lock.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(both_done.wait(), 5)
-        await until_waiting(pool, 1, "row", what="the held row's write", query="execution_steps",
+        await until_waiting(pool, 1, "row", what="the held row's write", query=STEP_WRITE,
                             also=lambda: held.done())
         await row.release()
 
@@ -460,7 +460,7 @@ async def test_a_claim_holding_a_row_of_a_batch_refuses_that_write_once_it_commi
                              and tasks["z-good"].done(), what="the others answered")
             assert not tasks["x-contested"].done()
             await until_waiting(pool, 1, "row", what="the contested write",
-                                query="execution_steps")
+                                query=STEP_WRITE)
             await thief.release()
 
         committer = asyncio.create_task(commit_the_claim())
@@ -548,7 +548,7 @@ async def test_the_waiting_statement_checks_the_token_again_after_the_wait(store
     async with thief:
         task = asyncio.create_task(
             write_steps(store.pool, [w("a-good"), w("x-contested"), w("z-good")]))
-        await until_waiting(pool, 1, "row", what="the statement", query="execution_steps",
+        await until_waiting(pool, 1, "row", what="the statement", query=STEP_WRITE,
                             also=task.done)
         assert not task.done(), "the statement waits for the held row"
         await thief.release()
@@ -572,7 +572,7 @@ async def test_a_held_deliverys_writes_in_one_batch_keep_their_order(store, pool
     async with HeldRow(pool, "branches") as row:
         async def release_when_waited_for() -> None:
             await until_waiting(pool, 1, "row", what="the delivery's writes",
-                                query="execution_steps")
+                                query=STEP_WRITE)
             await row.release()
 
         releaser = asyncio.create_task(release_when_waited_for())
@@ -624,7 +624,7 @@ async def test_a_held_write_whose_caller_stopped_waiting_is_cancelled_with_it(
             steps.record_timer(lease, "k", delay_seconds=30) if timers
             else steps.write_step(lease, "k", value=1))
         await wait_until(lambda: len(steps.held_writes) == 1, what="the write held back")
-        await until_waiting(pool, 1, "row", what="the held write", query="execution_steps")
+        await until_waiting(pool, 1, "row", what="the held write", query=STEP_WRITE)
         write.cancel()
         cancelled.set()
         await asyncio.gather(write, return_exceptions=True)
@@ -658,7 +658,7 @@ async def test_a_held_write_goes_on_while_one_of_its_callers_still_waits(store, 
     async with HeldRow(pool, "pair") as row:
         async def stop_one_then_release() -> None:
             await until_waiting(pool, 1, "row", what="the delivery's writes",
-                                query="execution_steps")
+                                query=STEP_WRITE)
             assert len(store.steps.held_writes) == 1
             stopping[0].cancel()
             await asyncio.sleep(0.2)
@@ -688,7 +688,7 @@ async def test_cancel_held_writes_ends_every_write_waiting_for_a_row(
     async with HeldRow(pool, "stop"):
         write = asyncio.ensure_future(steps.write_step(ds["stop"].lease, "k", value=1))
         await wait_until(lambda: len(steps.held_writes) == 1, what="the write held back")
-        await until_waiting(pool, 1, "row", what="the held write", query="execution_steps")
+        await until_waiting(pool, 1, "row", what="the held write", query=STEP_WRITE)
         await asyncio.wait_for(steps.cancel_held_writes(), 5)
         assert not steps.held_writes
         [answer] = await asyncio.gather(write, return_exceptions=True)

@@ -36,6 +36,10 @@ import asyncpg
 
 from tests.support.waiting import wait_until
 
+# A step or timer write (app/store/steps.py) as pg_stat_activity shows it:
+# its opening (the text there is cut at track_activity_query_size, 1 kB by
+# default, before the tables a long statement names further down).
+STEP_WRITE = "WITH input AS"
 # pg_stat_activity.wait_event for a session blocked on another's row lock.
 _ROW_LOCK_EVENTS = ("transactionid", "tuple")
 _gate_ids = itertools.count(1)

@@ -64,9 +64,9 @@ async def test_events_of_an_id_with_no_execution_are_404(api, tokens, store, poo
             assert_error(await api.get(f"/v1/executions/{eid}/events", headers=token.headers),
                          404, "EXECUTION_NOT_FOUND")
     # Even a row left under a pseudo ID (an old database) is not an execution's history.
-    await pool.execute("INSERT INTO execution_events (execution_id, bucket, kind) "
+    await pool.execute("INSERT INTO execution_events (execution_id, bucket, kind, seq) "
                        "VALUES ('schedule:old', fencepost_bucket('schedule:old'), "
-                       "'schedule_created')")
+                       "'schedule_created', 1)")
     assert_error(await api.get("/v1/executions/schedule:old/events",
                                headers=tokens.operate.headers), 404, "EXECUTION_NOT_FOUND")
 

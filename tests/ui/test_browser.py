@@ -33,8 +33,9 @@ async def _seed_listing(ui) -> dict[str, int]:
     # failures and unacknowledged deliveries.
     await ui.store.pool.execute(
         """
-        INSERT INTO execution_events (execution_id, bucket, kind, detail, at)
-        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at FROM (
+        INSERT INTO execution_events (execution_id, bucket, kind, detail, at, seq)
+        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at,
+               1000 + row_number() OVER () FROM (
         SELECT 'ui-idle-a' AS execution_id, 'acknowledged' AS kind,
                jsonb_build_object('status', 'completed') AS detail,
                now() - make_interval(mins => m) - make_interval(secs => k) AS at

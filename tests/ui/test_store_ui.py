@@ -105,13 +105,14 @@ async def test_activity_per_minute(store):
     pool = store.pool
     # Old history first (lower event IDs), then the last hour.
     await pool.execute(
-        "INSERT INTO execution_events (execution_id, bucket, kind, detail, at) "
+        "INSERT INTO execution_events (execution_id, bucket, kind, detail, at, seq) "
         "SELECT 'x', fencepost_bucket('x'), 'acknowledged', '{\"status\": \"completed\"}', "
-        "now() - interval '3 hours' FROM generate_series(1, 2000)")
+        "now() - interval '3 hours', g FROM generate_series(1, 2000) g")
     await pool.execute(
         """
-        INSERT INTO execution_events (execution_id, bucket, kind, detail, at)
-        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at FROM (
+        INSERT INTO execution_events (execution_id, bucket, kind, detail, at, seq)
+        SELECT e.execution_id, fencepost_bucket(e.execution_id), e.kind, e.detail, e.at,
+               2000 + row_number() OVER () FROM (
         SELECT 'x' AS execution_id, 'acknowledged' AS kind,
                '{"status": "completed"}'::jsonb AS detail, date_trunc('minute', now()) AS at
         FROM generate_series(1, 3)

@@ -83,7 +83,8 @@ async def events(
     rows = _found(execution_id, await store.history.execution_events_page(
         execution_id, after=after, limit=limit, owner=owner_of(principal)))
     page = [
-        {"eventId": r["event_id"], "at": r["at"], "kind": r["kind"], "token": r["token"],
+        {"eventId": r["event_id"], "sequence": r["seq"], "at": r["at"], "kind": r["kind"],
+         "token": r["token"],
          "detail": detail_for(principal, r["detail"])}
         for r in rows
     ]
