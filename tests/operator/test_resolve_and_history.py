@@ -174,6 +174,13 @@ async def test_events_and_late_observations(
     page2 = (await api.get(f"/v1/executions/{eid}/events",
                            params={"after": page1["nextAfter"], "limit": 4})).json()
     assert page1["events"] + page2["events"] == events["events"] and page2["nextAfter"] is None
+    # Each event's place in the history grows along it; `after` is an event's
+    # ID (continue after its place) or any number (after the last lower ID).
+    places = [e["sequence"] for e in events["events"]]
+    assert places == sorted(set(places)), places
+    last = events["events"][-1]["eventId"]
+    assert (await api.get(f"/v1/executions/{eid}/events",
+                          params={"after": last + 10**6})).json()["events"] == []
 
     [late] = (await api.get(f"/v1/executions/{eid}/late-observations")).json()["lateObservations"]
     assert (late["stepKey"], late["token"], late["owner"], late["value"]) == (
