@@ -85,9 +85,11 @@ executions = Table(
     Column("covered_due_at", DateTime(timezone=True), nullable=True),
     # Fencing token: incremented by every claim, carried by every fenced write.
     Column("token", BigInteger, nullable=False, server_default=text("0")),
-    # The last place in this execution's history handed out: every statement
-    # that appends events takes their places from here, on this row, in the
-    # same statement (app/store/event_log.py).
+    # The last place in this execution's history handed out. The rule: every
+    # statement that appends events to a history adds their number (or a
+    # bound on it) here, on this row, and gives them the places it passed
+    # (execution_events.seq), in the same statement: the row's lock orders
+    # the writers of one history, on whichever node holds it.
     Column("event_seq", BigInteger, nullable=False, server_default=text("0")),
     Column("lease_owner", Text, nullable=True),
     # Database time. Non-NULL exactly while status = 'running'.

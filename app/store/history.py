@@ -40,9 +40,6 @@ from app.store.types import (
     step_record,
 )
 
-# Ended executions past retention ($1: seconds since their last update; $2:
-# at most that many) deleted with what hangs off them, each leaving its
-# tombstone in the same statement.
 # Where a page of execution $1's history continues: after the place of its
 # event $2 (an eventId a client was given). A number that is not one of its
 # event IDs continues after the last event with a lower ID (0: from the
@@ -54,6 +51,9 @@ _PLACE_AFTER = """coalesce(
      WHERE a.execution_id = $1 AND a.bucket = fencepost_bucket($1) AND a.event_id < $2),
     0)"""
 
+# Ended executions past retention ($1: seconds since their last update; $2:
+# at most that many) deleted with what hangs off them, each leaving its
+# tombstone in the same statement.
 _PRUNE = OnShard("prune", """
 WITH doomed AS (
     -- On Citus: of one shard (prune_terminal visits each shard).
