@@ -23,7 +23,7 @@ import app.store  # noqa: F401 - defines every OnShard statement
 from app.db import asyncpg_dsn
 from app.migrate import MIGRATION_LOCK_KEY
 from app.store.buckets import PER_EXECUTION
-from app.store.on_shard import REGISTRY, SHARD_FUNCTION
+from app.store.on_shard import QUIET_NOTIFY_FUNCTION, REGISTRY, SHARD_FUNCTION
 
 # PER_EXECUTION: distributed by bucket, co-located with executions (the
 # foreign keys to executions hold on each shard: both sides carry the same bucket).
@@ -150,6 +150,8 @@ async def distribute(url: str, shards: int | None = None) -> list[str]:
             # made again each time, so an upgrade brings its new text.
             await conn.execute(SHARD_FUNCTION)
             await _delegate(conn, "fencepost_shard(text, smallint)", None)
+            await conn.execute(QUIET_NOTIFY_FUNCTION)
+            await _delegate(conn, "fencepost_quiet_notify(text, text)", None)
             for statement in REGISTRY.values():
                 try:
                     await conn.execute(statement.ddl())

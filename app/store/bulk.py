@@ -55,50 +55,56 @@ def filter_sql(spec: dict[str, Any]) -> tuple[str, list[Any]]:
 
 class Operations(StoreObject):
     async def preview_operation(self, spec: dict[str, Any]) -> tuple[int, list[str]]:
-        """A dry run: how many executions the filter matches now, and a sample."""
+        """A dry run: how many executions the filter matches now, and a sample
+        (two reads: Citus cannot push a subquery in a select list down)."""
         where, args = filter_sql(spec)
-        row = await self.db.fetchrow(
+        matched = await self.db.fetchval(
             f"""
             -- Citus: a filter over executions of every bucket (multi-shard)
-            SELECT count(*) AS matched,
-                   (SELECT coalesce(array_agg(execution_id), '{{}}') FROM (
-                        SELECT execution_id FROM executions WHERE {where}
-                        ORDER BY admitted_at, execution_id LIMIT {SAMPLE}) s) AS sample
-            FROM executions WHERE {where}
+            SELECT count(*) FROM executions WHERE {where}
             """, *args)
-        assert row is not None  # the statement always returns its row
-        return row["matched"], list(row["sample"])
+        sample = await self.db.fetch(
+            f"""
+            -- Citus: a filter over executions of every bucket (multi-shard)
+            SELECT execution_id FROM executions WHERE {where}
+            ORDER BY admitted_at, execution_id LIMIT {SAMPLE}
+            """, *args)
+        return matched, [r["execution_id"] for r in sample]
 
     async def create_operation(self, action: str, spec: dict[str, Any], *, by: str,
                                options: dict[str, Any] | None = None, reason: str | None = None,
                                max_matched: int = 100_000) -> OperationRecord | None:
         """Store the operation and its items (the executions the filter matches
-        now) in one statement; None when more than `max_matched` match."""
+        now); None when more than `max_matched` match. The matches are read
+        first and stored by one statement after: on Citus a transaction that
+        read the distributed executions in parallel may not then write the
+        operations (reference) tables."""
         assert action in ACTIONS, action
         where, args = filter_sql(spec)
-        n = len(args)
-        row = await self.db.fetchrow(
+        matched = [r["execution_id"] for r in await self.db.fetch(
             f"""
             -- Citus: a filter over executions of every bucket (multi-shard)
-            WITH matched AS (
-                SELECT execution_id FROM executions WHERE {where}
-                LIMIT {int(max_matched) + 1}
-            ), op AS (
+            SELECT execution_id FROM executions WHERE {where}
+            LIMIT {int(max_matched) + 1}
+            """, *args)]
+        if len(matched) > max_matched:
+            return None
+        row = await self.db.fetchrow(
+            """
+            WITH op AS (
                 INSERT INTO operations (operation_id, action, filter, options, reason,
                                         created_by, status, matched)
-                SELECT ${n + 1}, ${n + 2}, ${n + 3}::jsonb, ${n + 4}::jsonb, ${n + 5},
-                       ${n + 6}, 'running', (SELECT count(*) FROM matched)
-                WHERE (SELECT count(*) FROM matched) <= {int(max_matched)}
+                VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6, 'running',
+                        cardinality($7::text[]))
                 RETURNING operation_id
             ), items AS (
                 INSERT INTO operation_items (operation_id, execution_id)
-                SELECT op.operation_id, m.execution_id FROM op, matched m
+                SELECT op.operation_id, m FROM op, unnest($7::text[]) AS m
             )
             SELECT operation_id FROM op
             """,
-            *args, f"op-{secrets.token_hex(8)}", action, spec, options or {}, reason, by)
-        if row is None:
-            return None
+            f"op-{secrets.token_hex(8)}", action, spec, options or {}, reason, by, matched)
+        assert row is not None  # the statement always returns its row
         return await self.get_operation(row["operation_id"])
 
     async def get_operation(self, operation_id: str, *, failures: int = 100) -> OperationRecord | None:

@@ -46,6 +46,17 @@ LANGUAGE sql STABLE AS $$
 $$
 """
 
+# What a statement's NOTIFY becomes in its shard's copy: nothing, of the same
+# type (void, not null). On a worker node a NOTIFY reaches no listener (they
+# listen on the coordinator, where the callers send theirs: send_notices,
+# tell_claimers), and a transaction that spans nodes (a bulk operation's
+# batch, a cancel of a tree) could not commit with one: PREPARE TRANSACTION
+# refuses it.
+QUIET_NOTIFY_FUNCTION = """
+CREATE OR REPLACE FUNCTION fencepost_quiet_notify(channel text, payload text) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END $$
+"""
+
 # Refused, changing nothing, when the rows' buckets are not all on the shard
 # the call was delegated to: the caller's placement is out of date (a shard
 # split since it was read). Rows written to a shard that does not hold their
@@ -131,7 +142,8 @@ class OnShard:
         prepared; the catalog of prepared statements is read only when that
         setting was lost (a rollback undoes it, not the PREPARE)."""
         body = _TABLE_REF.sub(
-            lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3).lower()}__", self.sql)
+            lambda m: f"{m.group(1)}{m.group(2)}__fp_{m.group(3).lower()}__", self.sql
+        ).replace("pg_notify(", "fencepost_quiet_notify(")
         if "$fencepost$" in body or "$statement$" in body:
             raise ValueError(f"{self.name}: the statement holds the function's quotes")
         args = ", ".join(f"p{i + 1} {t}" for i, t in enumerate(self.params))

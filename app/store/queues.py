@@ -97,7 +97,7 @@ class Queues(StoreObject):
         slot), `due` (waiting to be claimed) and `starts_in_period` (starts
         within the rate period; None without a rate limit)."""
         rows = await self.db.fetch(
-            _COUNTS + " WHERE $1::text[] IS NULL OR s.name = ANY($1::text[])",
+            _COUNTS,
             None if names is None else builtins.list(names))
         return {r["name"]: {"running": r["running"], "due": r["due"],
                             "starts_in_period": r["starts_in_period"]} for r in rows}
@@ -139,20 +139,32 @@ def _settings_row(row: Any) -> QueueSettings:
 # a running execution with an unexpired lease, and a suspended one when the
 # queue holds slots while suspended.
 _COUNTS = """
-    -- Citus: counts over executions of every bucket (multi-shard)
+    -- Citus: counts over executions of every bucket (multi-shard), grouped
+    -- by queue first (a subquery correlated with the settings, a reference
+    -- table, cannot be pushed down)
     SELECT s.name,
-           (SELECT count(*) FROM executions e
-            WHERE e.queue = s.name AND e.status IN ('running', 'suspended')
-              AND ((e.status = 'running' AND e.lease_expires_at > now())
-                   OR (s.hold_while_suspended AND e.status = 'suspended')))::integer AS running,
-           (SELECT count(*) FROM executions e
-            WHERE e.queue = s.name AND e.status IN ('admitted', 'suspended')
-              AND e.due_at <= now())::integer AS due,
+           (coalesce(c.running, 0)
+            + CASE WHEN s.hold_while_suspended THEN coalesce(c.suspended, 0) ELSE 0 END
+           )::integer AS running,
+           coalesce(c.due, 0)::integer AS due,
            CASE WHEN s.rate_limit IS NOT NULL THEN
                (SELECT count(*) FROM queue_starts st
                 WHERE st.queue = s.name
                   AND st.started_at > now() - make_interval(secs => s.rate_period))::integer
            END AS starts_in_period
     FROM queue_settings s
+    LEFT JOIN (
+        SELECT e.queue,
+               count(*) FILTER (WHERE e.status = 'running'
+                                  AND e.lease_expires_at > now()) AS running,
+               count(*) FILTER (WHERE e.status = 'suspended') AS suspended,
+               count(*) FILTER (WHERE e.status IN ('admitted', 'suspended')
+                                  AND e.due_at <= now()) AS due
+        FROM executions e
+        WHERE e.status IN ('admitted', 'running', 'suspended')
+          AND ($1::text[] IS NULL OR e.queue = ANY($1::text[]))
+        GROUP BY e.queue
+    ) c ON c.queue = s.name
+    WHERE $1::text[] IS NULL OR s.name = ANY($1::text[])
 """
 

@@ -22,7 +22,7 @@ from tests.support.history import events_of
 from tests.support.responses import assert_error, post_raw
 from tests.support.waiting import wait_status, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.citus]
 
 
 async def operation(api: httpx.AsyncClient, op_id: str) -> dict:
