@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 
 from app.registry import WorkflowDefinition, load_workflows
@@ -62,6 +63,7 @@ async def more_rounds(workers: InProcessWorkers, worker: Worker, n: int = 3) -> 
                      what=f"{n} more claim rounds of {worker.worker_id}")
 
 
+@pytest.mark.citus
 async def test_a_child_records_its_own_workflows_version_in_the_parents_code(store, running):
     w = await running.start(workflows=code(ver_cmp_parent="p7", ver_cmp_child="c3"))
     parent = await admit(store, "ver-cmp-parent", "child-version", {}, code_version="p7")
@@ -75,6 +77,7 @@ async def test_a_child_records_its_own_workflows_version_in_the_parents_code(sto
     assert await claimers(store, child_id) == [w.worker_id]
 
 
+@pytest.mark.citus
 async def test_a_v2_only_child_is_not_claimed_by_a_v1_worker(store, running):
     # v1 runs both workflows at version 1; v2 (one slot) both at version 2.
     v1 = await running.start(workflows=code(ver_cmp_parent="1", ver_cmp_child="1"))
@@ -100,6 +103,7 @@ async def test_a_v2_only_child_is_not_claimed_by_a_v1_worker(store, running):
     assert set(await claimers(store, parent)) == {v2.worker_id}
 
 
+@pytest.mark.citus
 async def test_a_child_the_parents_code_does_not_carry_is_run_by_any_worker_carrying_it(
         store, running):
     w = await running.start(workflows=code(ver_cmp_parent="1"))

@@ -54,6 +54,7 @@ async def kill_and_restart(h: ComposeHarness, victim: WorkerProcess) -> WorkerPr
     return await h.start_worker(f"{victim.name}2", concurrency=8)
 
 
+@pytest.mark.citus
 async def test_a_parent_and_50_children_finish_under_two_workers_killed_and_restarted(
         database_url: str, tmp_path: Path):
     h = ComposeHarness(database_url, tmp_path)

@@ -37,6 +37,7 @@ async def run_txn(store, workers, eid: str, **params) -> dict:
 # ------------------------------------------------------------------ commit together
 
 
+@pytest.mark.citus
 async def test_row_and_receipt_both_present_after_success(store, workers, pool):
     record = await run_txn(store, workers, "txn-ok", amount_cents=4200)
 
@@ -59,6 +60,7 @@ async def test_row_and_receipt_both_present_after_success(store, workers, pool):
     assert flows.calls("txn-ok", "insert_order") == 1
 
 
+@pytest.mark.citus
 async def test_an_exception_in_fn_leaves_neither_row_nor_receipt(store, workers, pool):
     record = await run_txn(store, workers, "txn-fail", mode="fail")
 
@@ -82,6 +84,7 @@ async def test_an_exception_in_fn_leaves_neither_row_nor_receipt(store, workers,
     ("not-json", "TypeError"),          # fn's value is not JSON
     ("nul", "StepResultNotJSON"),       # JSON, but jsonb cannot store \u0000
 ])
+@pytest.mark.citus
 async def test_a_result_that_cannot_be_recorded_rolls_back_the_row(store, workers, pool,
                                                                   mode, error_name):
     eid = f"txn-{mode}"
@@ -95,6 +98,7 @@ async def test_a_result_that_cannot_be_recorded_rolls_back_the_row(store, worker
     assert steps["create-order"]["error"]["name"] == error_name
 
 
+@pytest.mark.citus
 async def test_a_retried_transaction_commits_once(store, workers, pool):
     record = await run_txn(store, workers, "txn-flaky", mode="flaky", attempts=3)
 
@@ -107,6 +111,7 @@ async def test_a_retried_transaction_commits_once(store, workers, pool):
     assert flows.calls("txn-flaky", "insert_order") == 2
 
 
+@pytest.mark.citus
 async def test_fn_leaving_the_transaction_aborted_fails_the_step(store, workers, pool):
     record = await run_txn(store, workers, "txn-swallow", mode="swallow")
 
@@ -119,6 +124,7 @@ async def test_fn_leaving_the_transaction_aborted_fails_the_step(store, workers,
 # ------------------------------------------------------------------------- replay
 
 
+@pytest.mark.citus
 async def test_replay_returns_the_recorded_result_without_running_fn(store, workers, pool):
     """The first delivery commits the transaction and ends unacknowledged;
     the second replays the step from its receipt."""
@@ -136,6 +142,7 @@ async def test_replay_returns_the_recorded_result_without_running_fn(store, work
     assert len(await events_of(store, "txn-replay", "released")) == 1
 
 
+@pytest.mark.citus
 async def test_store_replay_of_a_recorded_transaction_does_not_run_fn(store: ExecutionStore,
                                                                       pool):
     """Same holder twice (a replay within the lease), then a later holder."""
@@ -171,6 +178,7 @@ async def test_store_replay_of_a_recorded_transaction_does_not_run_fn(store: Exe
 # --------------------------------------------------------------------- stale holder
 
 
+@pytest.mark.citus
 async def test_a_stale_holder_is_rolled_back_before_fn_runs(store: ExecutionStore, pool):
     eid = await admit(store, "cmp-store-txn", "txn-stale")
     a = (await claim_one(store, "cmp-store-txn", "holder-A")).lease
@@ -266,6 +274,7 @@ async def check_txn_race(store: ExecutionStore, pool, where: str, wf: str, eid: 
 TXN_OUTCOMES = ("stale lost", "stale committed, then claimed", "stale committed, claim skipped")
 
 
+@pytest.mark.citus
 async def test_a_stale_holder_racing_a_new_claim_never_leaves_its_row_behind(
         store: ExecutionStore, pool):
     """Real concurrent connections: the stale holder's transaction_step and a
@@ -306,6 +315,8 @@ async def test_a_stale_holder_racing_a_new_claim_never_leaves_its_row_behind(
     outcomes.assert_each("stale transaction vs claim")
 
 
+# Not marked `citus`: it holds rows with a StatementGate (a trigger) or a
+# FOR UPDATE that names no bucket, which Citus refuses on distributed tables.
 @pytest.mark.parametrize("order", TXN_OUTCOMES)
 async def test_a_stale_transaction_and_a_new_claim_in_each_order(store: ExecutionStore, pool,
                                                                  order):
@@ -347,6 +358,7 @@ async def test_a_stale_transaction_and_a_new_claim_in_each_order(store: Executio
 # ------------------------------------------------------- a long transaction's lock
 
 
+@pytest.mark.citus
 async def test_a_long_transaction_does_not_stall_renewal_of_other_leases(store, workers, pool):
     await workers.start(concurrency=4)
     await admit(store, "cmp-slow-step", "plain-slow", {"order_id": "x", "seconds": 3.0})

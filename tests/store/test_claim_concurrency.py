@@ -100,7 +100,7 @@ async def check_stale_write(store: ExecutionStore, where: str, eid: str, a: Deli
         assert b_step.value == {"by": "A"} and b_step.token == a.lease.token, where
         assert steps["charge"] == written, where
         assert recorded[0]["token"] == a.lease.token, where
-        assert recorded[0]["event_id"] < claim_b["event_id"], f"{where}: A's step after B's claim"
+        assert recorded[0]["seq"] < claim_b["seq"], f"{where}: A's step after B's claim"
     else:
         assert isinstance(written, LeaseLost), f"{where}: {written!r}"
         assert b_step.value == {"by": "B"} and b_step.token == b.lease.token, where

@@ -20,5 +20,10 @@ QUICK: dict[str, Any] = {
 
 
 def quick_settings(database_url: str, **overrides: Any) -> Settings:
-    """Settings for `database_url` with the short timings (each overridable)."""
-    return Settings(**{**QUICK, "database_url": database_url, **overrides})
+    """Settings for `database_url` with the short timings (each overridable).
+    On Citus every claim looks in every shard group, as with the `settings`
+    fixture (tests/conftest.py): a test claims right after it writes."""
+    from tests.conftest import citus_mode
+
+    citus = {"claim_recheck_seconds": 0} if citus_mode() else {}
+    return Settings(**{**QUICK, **citus, "database_url": database_url, **overrides})
